@@ -1,0 +1,1 @@
+"""pymetaq's benchmark scripts (``python -m bench``): not part of the package, never collected."""

@@ -1,0 +1,37 @@
+"""The systems the suite knows, by name: ``pymetaq``, ``redis`` (Streams), ``nats`` (JetStream),
+and ``null`` (the harness floor, opt-in).
+
+A system module is imported only when it is asked for, so a missing client library of one peer
+never stops the others (it becomes a skip note).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from bench.common import SystemUnavailable
+from bench.systems.base import System
+
+_MODULES = {
+    "pymetaq": ("bench.systems.pymetaq_sys", "PymetaqSystem"),
+    "redis": ("bench.systems.redis_sys", "RedisSystem"),
+    "nats": ("bench.systems.nats_sys", "NatsSystem"),
+    "null": ("bench.systems.null_sys", "NullSystem"),
+}
+
+NAMES = tuple(_MODULES)
+DEFAULT = ("pymetaq", "redis", "nats")
+
+
+def create(name: str) -> System:
+    """A fresh, unstarted system; raises ``SystemUnavailable`` if its client cannot be imported."""
+    module_name, class_name = _MODULES[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemUnavailable(f"{name}: client library missing ({exc})") from exc
+    cls: type[System] = getattr(module, class_name)
+    return cls()
+
+
+__all__ = ["DEFAULT", "NAMES", "System", "create"]

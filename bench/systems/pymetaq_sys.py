@@ -1,0 +1,329 @@
+"""pymetaq as a benchmarked system: a broker subprocess and the ``pymetaq.client`` clients.
+
+Client calls (``pymetaq.client``; ``start`` raises ``SystemUnavailable`` when the client or the
+``pymetaq server`` CLI is missing, and the runner prints a skip note):
+
+- ``Producer(servers, linger_ms=..., batch_messages=batch)``; ``send_many(topic, values)`` ->
+  ``BatchHandle`` (``add_done_callback``, ``exception()``) is the batched path, the analogue of
+  a Redis pipeline: produce sends ``batch`` values per call, the latency cases send whatever is
+  due as one call; ``flush()``, ``close()``.
+- ``Consumer(servers, group, FileOffsetStore(path), recover_dir=...)``, ``subscribe(topic)``,
+  ``poll(timeout_s) -> list[Message]`` (long-poll gets; ``Message.value``), ``close()``.
+
+Broker: ``pymetaq server -f <workdir>/pymetaq/server.ini`` (the venv's console script), one
+partition per topic, two topic patterns, one per durability mode:
+
+| topic pattern | unflushThreshold | unflushInterval | mode |
+|---|---|---|---|
+| ``bench-g*`` | 0 | 1000 ms | ``group``: group commit, ack after the covering fdatasync |
+| ``bench-t*`` | 1000 | 1000 ms | ``threshold``: MetaQ's default mode, ack before fsync |
+
+Cases mirror the peers (see ``bench/systems/redis_sys.py``): produce = ``send_many`` of
+``batch`` messages for ``seconds`` then ``flush()`` (counted: acks without error); consume =
+pre-fill then ``poll`` until drained or ``seconds``; latency = open-loop ``send_many`` of what is
+due (up to ``batch``), each message's latency taken when its batch handle completes; e2e = a
+producer thread plus a long-polling consumer.
+
+Thread-safety: one runner thread; handles complete on the producer's I/O thread (the recorder
+and the error counter are safe there); ``e2e_latency`` adds one producer thread.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import itertools
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    NS,
+    Latency,
+    LatencyRecorder,
+    Mode,
+    OpenLoop,
+    ServerProcess,
+    SystemUnavailable,
+    Throughput,
+    filler,
+    free_port,
+    stamp_of,
+    stamped,
+)
+from bench.systems.base import System
+
+GROUP = (
+    "group commit (unflushThreshold=0): acks after the fdatasync that covers the message; "
+    "an acked message survives power loss"
+)
+THRESHOLD = (
+    "threshold (unflushThreshold=1000, unflushInterval=1000 ms): acks before fsync; "
+    "power loss loses up to 1000 msgs / 1 s of acked messages"
+)
+PARTITIONS = 1
+THROUGHPUT_LINGER_MS = 5
+LATENCY_LINGER_MS = 0
+
+SERVER_INI = """\
+[system]
+brokerId=0
+hostName=127.0.0.1
+serverPort={port}
+dataPath={data}
+numPartitions={partitions}
+unflushThreshold=0
+unflushInterval=1000
+maxSegmentSize=1073741824
+maxTransferSize=1048576
+
+[zookeeper]
+zk.zkEnable=false
+
+[topic=bench]
+
+[topic=bench-g*]
+unflushThreshold=0
+unflushInterval=1000
+
+[topic=bench-t*]
+unflushThreshold=1000
+unflushInterval=1000
+"""
+
+
+class PymetaqSystem(System):
+    name = "pymetaq"
+    modes = (Mode("group", GROUP), Mode("threshold", THRESHOLD))
+
+    def __init__(self) -> None:
+        self._server: ServerProcess | None = None
+        self._port = 0
+        self._workdir = Path()
+        self._ids = itertools.count()
+        self._client: Any = None  # the pymetaq.client module, once available
+        self._offsets: Any = None  # pymetaq.offsets.FileOffsetStore
+
+    def start(self, workdir: Path) -> None:
+        self._client, self._offsets = _import_clients()
+        argv0 = _server_command()
+        self._workdir = workdir / "pymetaq"
+        data = self._workdir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        self._port = free_port()
+        ini = self._workdir / "server.ini"
+        ini.write_text(SERVER_INI.format(port=self._port, data=data, partitions=PARTITIONS))
+        argv = [*argv0, "server", "-f", str(ini)]
+        self._server = ServerProcess(argv, self._workdir / "broker.log", self._port, self._workdir)
+        self._server.wait_ready()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    # ------------------------------------------------------------------ clients
+
+    @property
+    def _servers(self) -> str:
+        return f"meta://127.0.0.1:{self._port}"
+
+    def _topic(self, mode: str, case: str) -> str:
+        return f"bench-{mode[0]}-{case}-{next(self._ids)}"
+
+    def _producer(self, batch: int, linger_ms: int) -> Any:
+        return self._client.Producer(
+            self._servers, linger_ms=linger_ms, batch_messages=batch, max_in_flight=8
+        )
+
+    def _consumer(self, topic: str) -> Any:
+        store = self._offsets(self._workdir / "offsets" / f"{topic}.json")
+        recover = str(self._workdir / "recover")
+        consumer = self._client.Consumer(self._servers, "bench", store, recover_dir=recover)
+        consumer.subscribe(topic)
+        return consumer
+
+    # ------------------------------------------------------------------ cases
+
+    def produce(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
+        count, elapsed, note = self._fill(self._topic(mode, "produce"), msg_bytes, batch, seconds)
+        return Throughput(count, count * msg_bytes, elapsed, note=note)
+
+    def consume(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
+        topic = self._topic(mode, "consume")
+        total, _, _ = self._fill(topic, msg_bytes, batch, seconds)
+        consumer = self._consumer(topic)
+        try:
+            got = 0
+            start = time.perf_counter()
+            deadline = start + seconds
+            while got < total and time.perf_counter() < deadline:
+                got += len(consumer.poll(1.0))
+            elapsed = time.perf_counter() - start
+        finally:
+            consumer.close()
+        return Throughput(got, got * msg_bytes, elapsed, prefilled=total)
+
+    def ack_latency(
+        self, rate: int, msg_bytes: int, batch: int, seconds: float, mode: str
+    ) -> Latency:
+        topic = self._topic(mode, "ack")
+        loop = OpenLoop(rate, seconds)
+        rec = LatencyRecorder(loop.record_from_ns)
+        producer = self._producer(batch, LATENCY_LINGER_MS)
+        try:
+            sent = _send_open_loop(producer, topic, loop, batch, msg_bytes, rec)
+            producer.flush()
+        finally:
+            producer.close()
+        elapsed = (time.perf_counter_ns() - loop.start_ns) / NS
+        return rec.result(rate, sent, elapsed, note=loop.shortfall_note(sent))
+
+    def e2e_latency(
+        self, rate: int, msg_bytes: int, batch: int, seconds: float, mode: str
+    ) -> Latency:
+        topic = self._topic(mode, "e2e")
+        # The broker creates a topic's store on its first put: create it with one unstamped
+        # message (stamp 0, skipped below) and position the consumer before the clock starts.
+        warm = self._producer(batch, LATENCY_LINGER_MS)
+        try:
+            warm.send(topic, stamped(0, msg_bytes))
+        finally:
+            warm.close()
+        consumer = self._consumer(topic)
+        consumer.poll(0.1)
+        loop = OpenLoop(rate, seconds)
+        rec = LatencyRecorder(loop.record_from_ns)
+        sent: list[int] = []
+
+        def produce() -> None:
+            producer = self._producer(batch, LATENCY_LINGER_MS)
+            try:
+                sent.append(_send_open_loop(producer, topic, loop, batch, msg_bytes, None))
+                producer.flush()
+            finally:
+                producer.close()
+
+        thread = threading.Thread(target=produce, name="pymetaq-e2e-producer", daemon=True)
+        thread.start()
+        try:
+            got = 0
+            deadline = time.monotonic() + seconds * 3 + 10
+            while time.monotonic() < deadline and not (sent and got >= sent[0]):
+                messages = consumer.poll(0.1)
+                now = time.perf_counter_ns()
+                for message in messages:
+                    stamp = stamp_of(message.value)
+                    if stamp:
+                        rec.record(stamp, now)
+                        got += 1
+        finally:
+            consumer.close()
+            thread.join(30)
+        elapsed = (time.perf_counter_ns() - loop.start_ns) / NS
+        total = sent[0] if sent else 0
+        return rec.result(rate, total, elapsed, note=loop.shortfall_note(total))
+
+    def _fill(
+        self, topic: str, msg_bytes: int, batch: int, seconds: float
+    ) -> tuple[int, float, str]:
+        """send_many ``batch`` messages at a time for ``seconds``, then flush."""
+        values = [filler(msg_bytes)] * batch
+        errors = _ErrorCount()
+        producer = self._producer(batch, THROUGHPUT_LINGER_MS)
+        sent = 0
+        try:
+            start = time.perf_counter()
+            deadline = start + seconds
+            while time.perf_counter() < deadline:
+                producer.send_many(topic, values).add_done_callback(errors.on_done)
+                sent += batch
+            producer.flush()
+            elapsed = time.perf_counter() - start
+        finally:
+            producer.close()
+        note = f"{errors.count} sends failed: {errors.first!r}" if errors.count else ""
+        return sent - errors.count, elapsed, note
+
+
+class _ErrorCount:
+    """Counts failed messages from completed batch handles (on the client's I/O thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self.first: BaseException | None = None
+
+    def on_done(self, handle: Any) -> None:
+        if handle.exception() is not None:
+            failed = sum(1 for r in handle.result(0) if not r.success)
+            with self._lock:
+                self.count += failed
+                self.first = self.first or handle.exception()
+
+
+def _send_open_loop(
+    producer: Any,
+    topic: str,
+    loop: OpenLoop,
+    batch: int,
+    msg_bytes: int,
+    rec: LatencyRecorder | None,
+) -> int:
+    """Sends ``loop``'s schedule, whatever is due at once (one ``send_many``); records acks."""
+    sent = 0
+    while sent < loop.total:
+        now = time.perf_counter_ns()
+        if loop.gave_up(now):
+            break
+        n = loop.due(now, sent, batch)
+        if n == 0:
+            loop.pause(sent)
+            continue
+        scheduled = [loop.scheduled_ns(i) for i in range(sent, sent + n)]
+        handle = producer.send_many(topic, [stamped(t, msg_bytes) for t in scheduled])
+        if rec is not None:
+            handle.add_done_callback(_recorder(rec, scheduled))
+        sent += n
+    return sent
+
+
+def _recorder(rec: LatencyRecorder, scheduled: list[int]) -> Any:
+    def done(handle: Any) -> None:
+        if handle.exception() is None:
+            now = time.perf_counter_ns()
+            for t in scheduled:
+                rec.record(t, now)
+
+    return done
+
+
+def _import_clients() -> tuple[Any, Any]:
+    """(pymetaq.client, FileOffsetStore), or SystemUnavailable while they are not written yet."""
+    try:
+        client = importlib.import_module("pymetaq.client")
+        offsets = importlib.import_module("pymetaq.offsets")
+    except ImportError as exc:
+        raise SystemUnavailable(f"pymetaq: client not importable yet ({exc})") from exc
+    missing = [n for n in ("Producer", "Consumer") if not hasattr(client, n)]
+    if missing or not hasattr(offsets, "FileOffsetStore"):
+        raise SystemUnavailable(
+            f"pymetaq: client not available yet (pymetaq.client lacks {', '.join(missing)})"
+        )
+    return client, offsets.FileOffsetStore
+
+
+def _server_command() -> list[str]:
+    """The ``pymetaq`` console script of this interpreter's environment."""
+    if importlib.util.find_spec("pymetaq.server.cli") is None:
+        raise SystemUnavailable("pymetaq: broker CLI (pymetaq.server.cli) not available yet")
+    script = Path(sys.executable).with_name("pymetaq")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("pymetaq")
+    if found is None:
+        raise SystemUnavailable("pymetaq: the `pymetaq` console script is not installed")
+    return [found]

@@ -1,0 +1,235 @@
+"""The producer's batch and the handles that stand for its messages' results.
+
+A :class:`Batch` is the records for one partition that go out as one ``bput``. It has ONE
+completion future (``concurrent.futures.Future`` for the thread face, ``asyncio.Future`` for
+the asyncio face), completed exactly once with ``None``; the outcome (first id, offset, or an
+error) lives on the batch, so no "exception never retrieved" warning is possible.
+
+Handles are cheap views of a batch: a :class:`SendHandle` (one message: the batch, its index,
+the bytes before it) and a :class:`BatchHandle` (a ``send_many``: a list of segments, each a
+run of consecutive messages in one batch). A result is computed on demand:
+``msg_id = first_id + index``, ``offset = batch_offset + bytes before it``; in an lz4 batch
+every message shares the outer record's offset and id.
+
+Thread-safety: the appendable fields of a batch are written under the accumulator's lock; the
+outcome fields by the sender (loop thread) before the future completes, so readers that wait
+on the future see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+from pymetaq.client.errors import MetaClientError
+from pymetaq.client.message import Partition, SendResult
+
+AnyFuture = concurrent.futures.Future[None] | asyncio.Future[None]
+
+
+class Batch:
+    """Records for one partition sent as one ``bput``."""
+
+    __slots__ = (
+        "attempts",
+        "body",
+        "compressed",
+        "count",
+        "created",
+        "due",
+        "error",
+        "first_id",
+        "fut",
+        "nbytes",
+        "offset",
+        "open",
+        "partition",
+        "parts",
+        "sent_at",
+        "topic",
+    )
+
+    def __init__(self, topic: str, partition: Partition, fut: AnyFuture, now: float) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.fut = fut
+        self.parts: list[bytes] = []
+        self.nbytes = 0
+        self.count = 0
+        self.created = now
+        self.due = False
+        self.open = True
+        self.attempts = 0
+        self.body: bytes | None = None
+        self.compressed = False
+        self.first_id = -1
+        self.offset = -1
+        self.sent_at = 0.0
+        self.error: MetaClientError | None = None
+
+    def __repr__(self) -> str:
+        return f"Batch({self.topic}@{self.partition.key}, count={self.count}, bytes={self.nbytes})"
+
+    def result_for(self, index: int, rel: int) -> SendResult:
+        p = self.partition
+        if self.error is not None:
+            return SendResult(False, p.partition, -1, -1, self.error, p.broker_id, self.topic)
+        if self.compressed:
+            return SendResult(
+                True, p.partition, self.offset, self.first_id, None, p.broker_id, self.topic
+            )
+        return SendResult(
+            True,
+            p.partition,
+            self.offset + rel,
+            self.first_id + index,
+            None,
+            p.broker_id,
+            self.topic,
+        )
+
+
+def _wait(fut: AnyFuture, timeout: float | None, what: str) -> None:
+    if isinstance(fut, concurrent.futures.Future):
+        try:
+            fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"{what} not acknowledged within {timeout}s (still pending)"
+            ) from None
+    elif not fut.done():
+        raise asyncio.InvalidStateError(f"{what} still pending: await the handle")
+
+
+def _await(fut: AnyFuture) -> Generator[Any, None, None]:
+    if isinstance(fut, concurrent.futures.Future):
+        yield from asyncio.wrap_future(fut).__await__()
+    else:
+        yield from fut.__await__()
+
+
+class SendHandle:
+    """The future of one message's :class:`SendResult` (a lightweight view of its batch).
+
+    ``done()``, ``result(timeout)`` (returns the SendResult, ``success=False`` on failure;
+    raises ``TimeoutError`` if *waiting* timed out), ``exception()``, ``add_done_callback``,
+    and ``await handle`` (asyncio). Not a ``concurrent.futures.Future``: use ``result()`` /
+    callbacks rather than ``concurrent.futures.wait``.
+    """
+
+    __slots__ = ("_batch", "_index", "_rel")
+
+    def __init__(self, batch: Batch, index: int, rel: int) -> None:
+        self._batch = batch
+        self._index = index
+        self._rel = rel
+
+    def done(self) -> bool:
+        return self._batch.fut.done()
+
+    def result(self, timeout: float | None = None) -> SendResult:
+        _wait(self._batch.fut, timeout, "send")
+        return self._batch.result_for(self._index, self._rel)
+
+    def exception(self, timeout: float | None = None) -> MetaClientError | None:
+        return self.result(timeout).error
+
+    def add_done_callback(self, fn: Callable[[SendHandle], object]) -> None:
+        """``fn(handle)`` once acknowledged or failed (on the producer's I/O thread)."""
+        self._batch.fut.add_done_callback(lambda _f: fn(self))
+
+    def __await__(self) -> Generator[Any, None, SendResult]:
+        yield from _await(self._batch.fut)
+        return self._batch.result_for(self._index, self._rel)
+
+
+class Segment:
+    """Consecutive messages of one ``send_many`` inside one batch.
+
+    ``items`` are the values (or whole records); an item's record size is
+    ``20 + extra + len(item)`` (``extra``: the attribute bytes, or -20 for whole records).
+    """
+
+    __slots__ = ("batch", "extra", "first_index", "first_rel", "items")
+
+    def __init__(
+        self, batch: Batch, first_index: int, first_rel: int, items: Sequence[bytes], extra: int
+    ) -> None:
+        self.batch = batch
+        self.first_index = first_index
+        self.first_rel = first_rel
+        self.items = items
+        self.extra = extra
+
+
+class BatchHandle:
+    """The future of a ``send_many``: ``result(timeout)`` -> one SendResult per message."""
+
+    __slots__ = ("_segments",)
+
+    def __init__(self, segments: list[Segment]) -> None:
+        self._segments = segments
+
+    def _batches(self) -> list[Batch]:
+        seen: dict[int, Batch] = {}
+        for s in self._segments:
+            seen.setdefault(id(s.batch), s.batch)
+        return list(seen.values())
+
+    def done(self) -> bool:
+        return all(s.batch.fut.done() for s in self._segments)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for every batch; True if all succeeded (raises TimeoutError if waiting ran out)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for b in self._batches():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            _wait(b.fut, left, "send_many")
+        return all(b.error is None for b in self._batches())
+
+    @property
+    def errors(self) -> list[MetaClientError]:
+        return [b.error for b in self._batches() if b.error is not None]
+
+    def exception(self) -> MetaClientError | None:
+        """The first batch error (call after completion), or None."""
+        errs = self.errors
+        return errs[0] if errs else None
+
+    def add_done_callback(self, fn: Callable[[BatchHandle], object]) -> None:
+        """Call ``fn(handle)`` once every batch has completed (on the completing thread)."""
+        batches = self._batches()
+        remaining = [len(batches)]
+        lock = threading.Lock()
+
+        def one(_f: object) -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                fn(self)
+
+        if not batches:
+            fn(self)
+        for b in batches:
+            b.fut.add_done_callback(one)
+
+    def result(self, timeout: float | None = None) -> list[SendResult]:
+        self.wait(timeout)
+        out: list[SendResult] = []
+        for s in self._segments:
+            b, index, rel, add = s.batch, s.first_index, s.first_rel, 20 + s.extra
+            for item in s.items:
+                out.append(b.result_for(index, rel))
+                index += 1
+                rel += add + len(item)
+        return out
+
+    def __await__(self) -> Generator[Any, None, list[SendResult]]:
+        for b in self._batches():
+            yield from _await(b.fut)
+        return self.result()

@@ -1,0 +1,495 @@
+"""The pull consumer: ``Consumer`` (threads) and ``AsyncConsumer`` (asyncio), one engine.
+
+```python
+with Consumer("meta://localhost:8123", "billing", FileOffsetStore("offsets.json")) as c:
+    c.subscribe("orders", handle)      # listener mode: handle(message) per message
+    c.start()                          # ... runs until close()
+
+with Consumer("meta://localhost:8123", "billing", store) as c:
+    c.subscribe("orders")              # poll mode
+    while running:
+        for m in c.poll(1.0):
+            process(m)                 # consumed (committable) at the next poll()/commit()
+```
+
+MetaQ semantics: each owned partition is one sequential stream (listener calls for a
+partition never overlap and follow log order); delivery is at-least-once (offsets are
+committed every ``commit_interval`` seconds, before a partition is released and on close, and
+only past processed messages). A listener exception is retried (``delay = max_delay/10 x
+attempt``); after ``1 + max_fetch_retries`` attempts the message goes to the reject policy
+(default: the local recover spool, redelivered every ``recover_interval``) and the partition
+moves on. Without ZooKeeper a consumer owns every partition of its topics; ``assign()`` is the
+seam for group rebalancing (cluster issue).
+
+Thread-safety: ``Consumer`` methods may be called from any thread; listener calls come from
+the consumer's worker threads (``fetch_runner_count`` of them), one partition at a time.
+``AsyncConsumer`` belongs to the loop it is used on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pymetaq.client.consumer_batch import MessageBatch, Messages
+from pymetaq.client.consumer_config import (
+    ConsumerConfig,
+    ConsumerError,
+    InitialPosition,
+    NoCommittedOffset,
+    NotAssigned,
+    TopicPartition,
+    effective_group,
+)
+from pymetaq.client.consumer_engine import ConsumerEngine
+from pymetaq.client.consumer_fetch import BrokerTransport, ConsumerTransport, PartitionState
+from pymetaq.client.consumer_recover import DropPolicy, Listener, LocalRecoverPolicy, RejectPolicy
+from pymetaq.client.core import ClientClosed, LoopThread, Message
+from pymetaq.offsets import FileOffsetStore, OffsetEntry, OffsetStore
+
+__all__ = [
+    "AsyncConsumer",
+    "Consumer",
+    "ConsumerConfig",
+    "ConsumerError",
+    "DropPolicy",
+    "InitialPosition",
+    "LocalRecoverPolicy",
+    "MessageBatch",
+    "Messages",
+    "NoCommittedOffset",
+    "NotAssigned",
+    "RejectPolicy",
+    "TopicPartition",
+    "offset_entry",
+]
+
+log = logging.getLogger("pymetaq.client.consumer")
+
+
+def _build(
+    servers: str | list[str],
+    group: str | None,
+    offset_store: OffsetStore | None,
+    config: ConsumerConfig | None,
+    transport: ConsumerTransport | None,
+    overrides: dict[str, Any],
+) -> tuple[ConsumerEngine, bool]:
+    cfg = config or ConsumerConfig()
+    if overrides:
+        cfg = dataclasses.replace(cfg, **overrides)
+    eff = effective_group(group, cfg)
+    owned = False
+    if eff is not None and offset_store is None:
+        offset_store = FileOffsetStore(Path.home() / ".pymetaq_offsets")
+        owned = True
+    tr = transport if transport is not None else BrokerTransport(servers, cfg)
+    return ConsumerEngine(tr, eff, offset_store if eff is not None else None, cfg), owned
+
+
+def offset_entry(message: Message) -> OffsetEntry:
+    """The offset to commit once ``message`` is processed (e.g. with ``commit_in``)."""
+    return OffsetEntry(message.topic, message.partition_key, message.next_offset, message.id)
+
+
+class _Schedule:
+    """MetaQ's delay-ordered fetch-request queue: take the earliest due partition."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, PartitionState]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self.stopped = False
+
+    def put(self, st: PartitionState, delay_s: float = 0.0) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (time.monotonic() + delay_s, next(self._seq), st))
+            self._cond.notify()
+
+    def take(self) -> PartitionState | None:
+        with self._cond:
+            while not self.stopped:
+                if self._heap:
+                    wait = self._heap[0][0] - time.monotonic()
+                    if wait <= 0:
+                        return heapq.heappop(self._heap)[2]
+                    self._cond.wait(wait)
+                else:
+                    self._cond.wait()
+            return None
+
+    def stop(self) -> None:
+        with self._cond:
+            self.stopped = True
+            self._cond.notify_all()
+
+
+class Consumer:
+    """The synchronous consumer (see the module docstring)."""
+
+    def __init__(
+        self,
+        servers: str | list[str] = "",
+        group: str | None = None,
+        offset_store: OffsetStore | None = None,
+        *,
+        config: ConsumerConfig | None = None,
+        reject_policy: RejectPolicy | None = None,
+        transport: ConsumerTransport | None = None,
+        **overrides: Any,
+    ) -> None:
+        self._engine, self._owns_store = _build(
+            servers, group, offset_store, config, transport, overrides
+        )
+        self.config = self._engine.config
+        self.group = self._engine.group
+        self._reject = reject_policy or LocalRecoverPolicy(
+            self.config.recover_dir, self.config.recover_interval
+        )
+        self._listeners: dict[str, Listener] = {}
+        self._lt = LoopThread("pymetaq-consumer")
+        self._lock = threading.Lock()
+        self._schedule = _Schedule()
+        self._workers: list[threading.Thread] = []
+        self._inflight: set[concurrent.futures.Future[Any]] = set()
+        self._stop = threading.Event()
+        self._committer: threading.Thread | None = None
+        self._started = self._closed = False
+        self.failures = 0  # listener exceptions seen
+
+    # ---------------------------------------------------------------- setup
+
+    def subscribe(self, topic: str, listener: Listener | None = None) -> Consumer:
+        """Consume ``topic``; with ``listener`` each message is passed to it (``start()``)."""
+        if self._engine.opened:
+            raise ConsumerError("subscribe() must come before start()/poll()")
+        if topic not in self._engine.topics:
+            self._engine.topics.append(topic)
+        if listener is not None:
+            self._listeners[topic] = listener
+        return self
+
+    def _open(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise ClientClosed("consumer is closed")
+            if self._engine.opened:
+                return
+            self._lt.run(self._engine.open())
+            if self.config.enable_auto_commit and self.group is not None:
+                self._committer = threading.Thread(
+                    target=self._commit_loop, daemon=True, name="pymetaq-consumer-commit"
+                )
+                self._committer.start()
+
+    def start(self) -> None:
+        """Listener mode: start the fetch workers (returns at once)."""
+        if not self._listeners or set(self._listeners) != set(self._engine.topics):
+            raise ConsumerError("start() needs a listener for every subscribed topic")
+        self._open()
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            self._reject.bind(self.group or "pymetaq-ungrouped", self._listeners)
+            for st in self._engine.states.values():
+                self._schedule.put(st)
+            n = self.config.fetch_runner_count or min(
+                len(self._engine.states), os.cpu_count() or 1, 8
+            )
+            for i in range(max(n, 1)):
+                t = threading.Thread(target=self._work, name=f"pymetaq-fetch-{i}", daemon=True)
+                t.start()
+                self._workers.append(t)
+
+    # ---------------------------------------------------------------- listener mode
+
+    def _work(self) -> None:
+        while True:
+            st = self._schedule.take()
+            if st is None:
+                return
+            if st.tp not in self._engine.states:
+                continue  # released by assign()
+            delay = 0.0
+            try:
+                delay = self._process(st)
+            except concurrent.futures.CancelledError:
+                return
+            except Exception:
+                log.exception("%s: fetch worker failed", st.tp)
+                delay = self.config.max_delay_fetch_ms / 1000
+            if not self._stop.is_set():
+                self._schedule.put(st, delay)
+
+    def _process(self, st: PartitionState) -> float:
+        st.apply_pending_seek()
+        if st.buffered == 0:
+            fut = self._lt.submit(self._engine.fetch_round(st))
+            self._inflight.add(fut)
+            try:
+                fut.result()
+            finally:
+                self._inflight.discard(fut)
+            if st.buffered == 0:
+                return float(st.delay_ms) / 1000
+        return self._deliver(st)
+
+    def _deliver(self, st: PartitionState) -> float:
+        listener = self._listeners[st.tp.topic]
+        cfg = self.config
+        while st.index < len(st.buffer):
+            if self._stop.is_set() or st.pending_seek is not None:
+                return 0.0
+            m = st.buffer[st.index]
+            try:
+                listener(m)
+            except Exception as e:
+                self.failures += 1
+                st.attempts += 1
+                if st.attempts <= cfg.max_fetch_retries:
+                    log.info(
+                        "%s: listener failed on offset %s (attempt %s): %r",
+                        st.tp,
+                        m.offset,
+                        st.attempts,
+                        e,
+                    )
+                    return float(cfg.max_delay_fetch_ms / 10 * st.attempts / 1000)
+                self._reject.reject(m, e)
+            st.consume_head()
+        return 0.0
+
+    # ---------------------------------------------------------------- poll mode
+
+    def poll(self, timeout_s: float = 1.0, max_records: int = 0) -> Messages:
+        """Fetched messages (possibly ``[]`` after ``timeout_s``); see the module docstring.
+
+        At most ``max_records`` (else ``config.max_poll_records``; 0 = all buffered).
+        """
+        if self._listeners:
+            raise ConsumerError("poll() is for consumers subscribed without a listener")
+        self._open()
+        limit = max_records or self.config.max_poll_records
+        msgs: Messages = self._lt.run(self._engine.poll(timeout_s, limit))
+        return msgs
+
+    # ---------------------------------------------------------------- positions
+
+    def assignment(self) -> list[TopicPartition]:
+        """The owned partitions, sorted (connects and positions on first use)."""
+        self._open()
+        return list(self._engine.states)
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        """Own exactly ``partitions`` (the group-rebalancing seam): commits released ones."""
+        self._open()
+        before = set(self._engine.states)
+        self._lt.run(self._engine.assign(partitions))
+        if self._started:
+            for tp, st in self._engine.states.items():
+                if tp not in before:
+                    self._schedule.put(st)
+
+    def position(self, tp: TopicPartition) -> int:
+        """The consumed position (what a commit would write) of ``tp``."""
+        return int(self._engine.state(tp).position)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Continue ``tp`` at byte ``offset`` (a record start; out of range -> 301 -> moved)."""
+        self._open()
+        self._engine.state(tp).request_seek(offset)
+
+    def seek_to_beginning(self, tp: TopicPartition) -> None:
+        self._open()
+        self.seek(tp, self._lt.run(self._engine.bound(tp, end=False)))
+
+    def seek_to_end(self, tp: TopicPartition) -> None:
+        self._open()
+        self.seek(tp, self._lt.run(self._engine.bound(tp, end=True)))
+
+    def commit(self) -> None:
+        """Write the consumed positions now (poll mode: including the last poll's messages)."""
+        if not self._engine.opened:
+            return
+        if not self._listeners:
+            self._lt.call_soon(self._engine.mark_returned_consumed)
+            self._lt.run(_noop())  # the call above has run
+        self._engine.commit_now()
+
+    def _commit_loop(self) -> None:
+        while not self._stop.wait(self.config.commit_interval):
+            try:
+                self._engine.commit_now()
+            except Exception:
+                log.exception("periodic offset commit failed")
+
+    @property
+    def stats(self) -> dict[str, int]:
+        out = dict(self._engine.counters)
+        out["listener_failures"] = self.failures
+        return out
+
+    # ---------------------------------------------------------------- close
+
+    def close(self) -> None:
+        """Stop workers, commit (unless auto commit is off), close connections."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        self._schedule.stop()
+        for fut in list(self._inflight):
+            fut.cancel()
+        for t in self._workers:
+            t.join(timeout=30)
+        if self._committer is not None:
+            self._committer.join(timeout=30)
+        try:
+            if self._engine.opened and self.config.enable_auto_commit:
+                if not self._listeners:
+                    self._engine.mark_returned_consumed()
+                self._engine.commit_now()
+        finally:
+            self._reject.close()
+            try:
+                self._lt.run(_shutdown(self._engine), timeout=10)
+            finally:
+                self._lt.close()
+                if self._owns_store and self._engine.store is not None:
+                    self._engine.store.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+async def _noop() -> None:
+    return None
+
+
+async def _shutdown(engine: ConsumerEngine) -> None:
+    await engine.cancel_fetches()
+    engine.transport.close()
+
+
+class AsyncConsumer:
+    """The asyncio face: ``subscribe``, ``await poll()``, ``await commit()``, ``await close()``."""
+
+    def __init__(
+        self,
+        servers: str | list[str] = "",
+        group: str | None = None,
+        offset_store: OffsetStore | None = None,
+        *,
+        config: ConsumerConfig | None = None,
+        transport: ConsumerTransport | None = None,
+        **overrides: Any,
+    ) -> None:
+        self._engine, self._owns_store = _build(
+            servers, group, offset_store, config, transport, overrides
+        )
+        self.config = self._engine.config
+        self.group = self._engine.group
+        self._committer: Any = None
+        self._closed = False
+
+    def subscribe(self, topic: str) -> AsyncConsumer:
+        if self._engine.opened:
+            raise ConsumerError("subscribe() must come before the first poll()")
+        if topic not in self._engine.topics:
+            self._engine.topics.append(topic)
+        return self
+
+    async def start(self) -> None:
+        """Connect and position (the first ``poll()`` does it if not called)."""
+        if self._closed:
+            raise ClientClosed("consumer is closed")
+        if self._engine.opened:
+            return
+        await self._engine.open()
+        if self.config.enable_auto_commit and self.group is not None:
+            self._committer = asyncio.ensure_future(self._commit_loop())
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.commit_interval)
+            try:
+                await asyncio.to_thread(self._engine.commit_now)
+            except Exception:
+                log.exception("periodic offset commit failed")
+
+    async def poll(self, timeout_s: float = 1.0, max_records: int = 0) -> Messages:
+        await self.start()
+        limit = max_records or self.config.max_poll_records
+        msgs: Messages = await self._engine.poll(timeout_s, limit)
+        return msgs
+
+    async def commit(self) -> None:
+        if self._engine.opened:
+            self._engine.mark_returned_consumed()
+            await asyncio.to_thread(self._engine.commit_now)
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self._engine.states)
+
+    async def assign(self, partitions: list[TopicPartition]) -> None:
+        await self.start()
+        await self._engine.assign(partitions)
+
+    def position(self, tp: TopicPartition) -> int:
+        return int(self._engine.state(tp).position)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._engine.state(tp).request_seek(offset)
+
+    async def seek_to_beginning(self, tp: TopicPartition) -> None:
+        self.seek(tp, await self._engine.bound(tp, end=False))
+
+    async def seek_to_end(self, tp: TopicPartition) -> None:
+        self.seek(tp, await self._engine.bound(tp, end=True))
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return dict(self._engine.counters)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._committer is not None:
+            self._committer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._committer
+        try:
+            if self._engine.opened and self.config.enable_auto_commit:
+                self._engine.mark_returned_consumed()
+                await asyncio.to_thread(self._engine.commit_now)
+        finally:
+            await _shutdown(self._engine)
+            if self._owns_store and self._engine.store is not None:
+                self._engine.store.close()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

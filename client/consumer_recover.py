@@ -1,0 +1,197 @@
+"""What happens to a message the listener keeps failing on: reject policies and redelivery.
+
+After ``1 + max_fetch_retries`` failed listener attempts the consumer hands the message to its
+:class:`RejectPolicy` and moves on (MetaQ's ``RejectConsumptionHandler``):
+
+* :class:`LocalRecoverPolicy` (default, MetaQ's ``LocalRecoverPolicy``): the message is
+  journaled in a local spool, ``<recover_dir>/<topic>@<group>/`` (:mod:`pymetaq.client.spool`,
+  fsynced before the consumer moves past it), and a background thread re-feeds every spooled
+  message to the topic's listener every ``recover_interval`` seconds, deleting it on success.
+  The spool survives restarts: a new consumer of the same group and ``recover_dir`` redelivers
+  what an earlier one spooled.
+* :class:`DropPolicy`: log and drop.
+
+A redelivered message is the original (topic, partition, offset, id, value, attribute); its
+``next_offset`` is only informational (the record it came from is long passed).
+
+Thread-safety: ``reject`` may be called from any listener thread; the redelivery thread is the
+policy's own; ``close`` stops it and closes the spools.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from pymetaq.client.core import Message, Partition, make_data
+from pymetaq.client.spool import Spool, SpoolEntry
+from pymetaq.storage.record import decode_data, encode_record, iter_records
+
+log = logging.getLogger("pymetaq.client.consumer")
+
+Listener = Callable[[Message], object]
+
+
+class RejectPolicy(Protocol):
+    """Receives messages whose processing failed ``1 + max_fetch_retries`` times."""
+
+    def bind(self, group: str, listeners: dict[str, Listener]) -> None: ...
+
+    def reject(self, message: Message, error: BaseException) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class DropPolicy:
+    """Log the message and drop it."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
+
+    def bind(self, group: str, listeners: dict[str, Listener]) -> None:
+        pass
+
+    def reject(self, message: Message, error: BaseException) -> None:
+        self.dropped += 1
+        log.error(
+            "dropping %s/%s offset %s id %s after repeated failures: %r",
+            message.topic,
+            message.partition_key,
+            message.offset,
+            message.id,
+            error,
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def default_recover_dir() -> str:
+    """``~/.pymetaq_recover`` (MetaQ: ``~/.meta_recover``)."""
+    return str(Path.home() / ".pymetaq_recover")
+
+
+def message_record(m: Message) -> bytes:
+    """The message as one storage record (what the spool keeps)."""
+    data, flag = make_data(m.value, m.attribute)
+    return bytes(encode_record(data, flag, m.id))
+
+
+def entry_message(e: SpoolEntry) -> Message:
+    """A spooled message rebuilt."""
+    rec = next(iter_records(e.record))
+    attribute, value = decode_data(rec.data, rec.flag)
+    p = Partition.parse(e.partition) if e.partition else Partition(0, -1)
+    return Message(
+        e.topic,
+        p.partition,
+        e.offset,
+        rec.msg_id,
+        value,
+        attribute,
+        e.offset + len(e.record),
+        p.broker_id,
+    )
+
+
+class LocalRecoverPolicy:
+    """Spool rejected messages on disk and redeliver them periodically (see module doc)."""
+
+    def __init__(
+        self, recover_dir: str | os.PathLike[str] | None = None, interval: float = 300.0
+    ) -> None:
+        self.dir = Path(recover_dir or default_recover_dir())
+        self.interval = interval
+        self.group = ""
+        self.listeners: dict[str, Listener] = {}
+        self.spools: dict[str, Spool] = {}
+        self.redelivered = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def bind(self, group: str, listeners: dict[str, Listener]) -> None:
+        """Open the group's spools for ``listeners``' topics and start redelivering."""
+        with self._lock:
+            self.group = group
+            self.listeners = dict(listeners)
+            for topic in listeners:
+                if topic not in self.spools:
+                    self.spools[topic] = Spool.for_consumer(self.dir, topic, group)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="pymetaq-recover", daemon=True
+                )
+                self._thread.start()
+
+    def _spool(self, topic: str) -> Spool:
+        with self._lock:
+            spool = self.spools.get(topic)
+            if spool is None:
+                spool = self.spools[topic] = Spool.for_consumer(self.dir, topic, self.group)
+            return spool
+
+    def reject(self, message: Message, error: BaseException) -> None:
+        self._spool(message.topic).append(
+            message_record(message),
+            topic=message.topic,
+            partition=message.partition_key,
+            offset=message.offset,
+        )
+        log.warning(
+            "spooled %s/%s offset %s id %s for redelivery after repeated failures: %r",
+            message.topic,
+            message.partition_key,
+            message.offset,
+            message.id,
+            error,
+        )
+
+    def pending(self) -> int:
+        with self._lock:
+            spools = list(self.spools.values())
+        return sum(len(s) for s in spools)
+
+    def redeliver_once(self) -> int:
+        """Feed every spooled message to its listener once; returns how many succeeded."""
+        with self._lock:
+            work = [(t, s, self.listeners.get(t)) for t, s in self.spools.items()]
+        done = 0
+        for topic, spool, listener in work:
+            if listener is None:
+                continue
+            for entry in spool.pending():
+                if self._stop.is_set():
+                    return done
+                try:
+                    listener(entry_message(entry))
+                except Exception as e:
+                    log.warning(
+                        "redelivery of %s offset %s failed again: %r", topic, entry.offset, e
+                    )
+                    continue
+                spool.remove(entry.key)
+                done += 1
+        self.redelivered += done
+        return done
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.redeliver_once()
+            except Exception:
+                log.exception("recover redelivery round failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=10)
+        with self._lock:
+            for s in self.spools.values():
+                s.close()
+            self.spools.clear()

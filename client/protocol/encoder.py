@@ -1,0 +1,251 @@
+"""Encode requests and replies to wire bytes (clients encode requests, the server replies).
+
+Every frame is one line of space-separated tokens ending in CRLF, followed by the body if the
+line carries a length token.  The encoder validates what it is given and raises
+:class:`LocalProtocolError` for anything the peer could not parse back to the same value
+(a token with a space/CR/LF or empty, an integer out of its 32/64-bit range, an ambiguous
+legacy form).  ``encode_parts`` returns the header and the body separately so a caller can
+``writelines``/``sendmsg`` a large body without copying it; ``encode_result_header`` and
+``encode_value_header`` let the server ``sendfile`` a body after its header.
+
+Thread-safety: pure functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pymetaq.client.protocol.errors import LocalProtocolError
+from pymetaq.client.protocol.model import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    BatchPutCommand,
+    Event,
+    GetCommand,
+    OffsetCommand,
+    PutCommand,
+    PutForm,
+    QuitCommand,
+    ResultReply,
+    StatsCommand,
+    SyncCommand,
+    TransactionCommand,
+    TransactionType,
+    ValueReply,
+    VersionCommand,
+)
+from pymetaq.client.protocol.txkey import parse_tx_key
+
+Body = bytes | bytearray | memoryview
+_FORBIDDEN = (" ", "\r", "\n")
+
+
+def _s(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise LocalProtocolError(f"{what} must be a str, not {type(value).__name__}")
+    if not value or any(c in value for c in _FORBIDDEN):
+        raise LocalProtocolError(f"{what} {value!r} is empty or contains a space/CR/LF")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LocalProtocolError(f"{what} {value!r} is not encodable as UTF-8") from exc
+    return value
+
+
+def _i32(value: object, what: str) -> str:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise LocalProtocolError(f"{what} must be an int, not {type(value).__name__}")
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise LocalProtocolError(f"{what} {value!r} is not a 32-bit integer")
+    return str(int(value))  # int(): an IntEnum code prints as its number
+
+
+def _i64(value: object, what: str) -> str:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise LocalProtocolError(f"{what} must be an int, not {type(value).__name__}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise LocalProtocolError(f"{what} {value!r} is not a 64-bit integer")
+    return str(value)
+
+
+def _body(value: object, what: str) -> Body:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise LocalProtocolError(f"{what} must be bytes-like, not {type(value).__name__}")
+    return value
+
+
+def _len(body: Body) -> str:
+    return _i32(memoryview(body).nbytes, "body length")
+
+
+def _checksum(value: int | None) -> str:
+    return "-1" if value is None else _i32(value, "checksum")
+
+
+def _tx_key(value: object) -> str:
+    key = _s(value, "tx_key")
+    parse_tx_key(key)  # raises InvalidTxKey (a LocalProtocolError)
+    return key
+
+
+def _line(*tokens: str) -> bytes:
+    return (" ".join(tokens) + "\r\n").encode("utf-8")
+
+
+def _put(cmd: PutCommand) -> tuple[bytes, Body]:
+    data = _body(cmd.data, "put data")
+    head = ["put", _s(cmd.topic, "topic"), _i32(cmd.partition, "partition"), _len(data)]
+    head.append(_i32(cmd.flag, "flag"))
+    if cmd.form is PutForm.CHECKSUM:
+        head.append(_checksum(cmd.checksum))
+    elif cmd.checksum is not None:
+        raise LocalProtocolError("the LEGACY put form has no checksum slot: checksum must be None")
+    if cmd.tx_key is not None:
+        head.append(_tx_key(cmd.tx_key))
+    head.append(_i32(cmd.opaque, "opaque"))
+    return _line(*head), data
+
+
+def _bput(cmd: BatchPutCommand) -> tuple[bytes, Body]:
+    body = _body(cmd.body, "batch body")
+    line = _line(
+        "bput",
+        _s(cmd.topic, "topic"),
+        _i32(cmd.partition, "partition"),
+        _len(body),
+        _i32(cmd.count, "count"),
+        _checksum(cmd.checksum),
+        _i32(cmd.opaque, "opaque"),
+    )
+    return line, body
+
+
+def _sync(cmd: SyncCommand) -> tuple[bytes, Body]:
+    data = _body(cmd.data, "sync data")
+    line = _line(
+        "sync",
+        _s(cmd.topic, "topic"),
+        _i32(cmd.partition, "partition"),
+        _len(data),
+        _i32(cmd.flag, "flag"),
+        _i64(cmd.msg_id, "msg_id"),
+        _checksum(cmd.checksum),
+        _i32(cmd.opaque, "opaque"),
+    )
+    return line, data
+
+
+def _get(cmd: GetCommand) -> tuple[bytes, Body]:
+    head = ["get", _s(cmd.topic, "topic"), _s(cmd.group, "group")]
+    head += [_i32(cmd.partition, "partition"), _i64(cmd.offset, "offset")]
+    head.append(_i32(cmd.max_size, "max_size"))
+    if cmd.max_wait_ms is not None:
+        head.append(_i32(cmd.max_wait_ms, "max_wait_ms"))
+    head.append(_i32(cmd.opaque, "opaque"))
+    return _line(*head), b""
+
+
+def _offset(cmd: OffsetCommand) -> tuple[bytes, Body]:
+    line = _line(
+        "offset",
+        _s(cmd.topic, "topic"),
+        _s(cmd.group, "group"),
+        _i32(cmd.partition, "partition"),
+        _i64(cmd.offset, "offset"),
+        _i32(cmd.opaque, "opaque"),
+    )
+    return line, b""
+
+
+def _stats(cmd: StatsCommand) -> tuple[bytes, Body]:
+    opaque = _i32(cmd.opaque, "opaque")
+    if cmd.item == "":
+        return f"stats  {opaque}\r\n".encode(), b""  # MetaQ's Java client, byte for byte
+    return _line("stats", _s(cmd.item, "stats item"), opaque), b""
+
+
+def _version(cmd: VersionCommand) -> tuple[bytes, Body]:
+    return _line("version", _i32(cmd.opaque, "opaque")), b""
+
+
+def _quit(cmd: QuitCommand) -> tuple[bytes, Body]:
+    return b"quit\r\n", b""
+
+
+def _transaction(cmd: TransactionCommand) -> tuple[bytes, Body]:
+    if not isinstance(cmd.type, TransactionType):
+        raise LocalProtocolError(f"type must be a TransactionType, not {cmd.type!r}")
+    head = ["transaction", _tx_key(cmd.tx_key), _s(cmd.session_id, "session_id")]
+    head.append(cmd.type.value)
+    if cmd.timeout_s is not None:
+        timeout = _i32(cmd.timeout_s, "timeout_s")
+        if cmd.timeout_s < 0:  # MetaQ reads only an all-digit slot as the timeout
+            raise LocalProtocolError(f"timeout_s {cmd.timeout_s} is negative")
+        head.append(timeout)
+    if cmd.unique_qualifier is not None:
+        qualifier = _s(cmd.unique_qualifier, "unique_qualifier")
+        if cmd.timeout_s is None and qualifier.isascii() and qualifier.isdigit():
+            raise LocalProtocolError(
+                f"unique_qualifier {qualifier!r} without a timeout would be read as a timeout"
+            )
+        head.append(qualifier)
+    head.append(_i32(cmd.opaque, "opaque"))
+    return _line(*head), b""
+
+
+def _result(reply: ResultReply) -> tuple[bytes, Body]:
+    body = _body(reply.body, "result body")
+    return encode_result_header(reply.code, memoryview(body).nbytes, reply.opaque), body
+
+
+def _value(reply: ValueReply) -> tuple[bytes, Body]:
+    data = _body(reply.data, "value data")
+    return encode_value_header(memoryview(data).nbytes, reply.opaque), data
+
+
+_ENCODERS: dict[type, Callable[[Any], tuple[bytes, Body]]] = {
+    PutCommand: _put,
+    BatchPutCommand: _bput,
+    SyncCommand: _sync,
+    GetCommand: _get,
+    OffsetCommand: _offset,
+    StatsCommand: _stats,
+    VersionCommand: _version,
+    QuitCommand: _quit,
+    TransactionCommand: _transaction,
+    ResultReply: _result,
+    ValueReply: _value,
+}
+
+
+def encode_parts(obj: Event) -> tuple[bytes, Body]:
+    """``(line, body)`` of a request or reply; ``body`` is the caller's object, not a copy."""
+    encoder = _ENCODERS.get(type(obj))
+    if encoder is None:
+        raise TypeError(f"cannot encode {type(obj).__name__}")
+    return encoder(obj)
+
+
+def encode(obj: Event) -> bytes:
+    """The complete frame of a request or reply (line + body)."""
+    line, body = encode_parts(obj)
+    return line + body if body else line
+
+
+def encode_result_header(code: int, body_len: int, opaque: int) -> bytes:
+    """``result <code> <body_len> <opaque>\\r\\n`` - the body (if any) must follow."""
+    if isinstance(body_len, int) and body_len < 0:
+        raise LocalProtocolError(f"body length {body_len} is negative")
+    return _line(
+        "result", _i32(code, "code"), _i32(body_len, "body length"), _i32(opaque, "opaque")
+    )
+
+
+def encode_value_header(length: int, opaque: int) -> bytes:
+    """``value <length> <opaque>\\r\\n`` - exactly ``length`` bytes must follow (sendfile)."""
+    if isinstance(length, int) and length < 0:
+        raise LocalProtocolError(f"length {length} is negative")
+    return _line("value", _i32(length, "length"), _i32(opaque, "opaque"))

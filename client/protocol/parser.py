@@ -1,0 +1,423 @@
+"""The sans-I/O parser: bytes in (``feed``), one request or reply out (``next_event``).
+
+After h11: the parser never touches a socket, so the broker, the sync client and the asyncio
+client all wrap the same object.  A frame is a CRLF-terminated line of space-separated tokens,
+followed by a body when the verb carries a length token:
+
+| verb     | role   | tokens   | length token | body limit             |
+|----------|--------|----------|--------------|------------------------|
+| put      | server | 6, 7, 8  | 3            | ``Limits.max_body``    |
+| sync     | server | 7, 8     | 3            | ``Limits.max_body``    |
+| bput     | server | 7        | 3            | ``Limits.max_batch_body`` |
+| get      | server | 7, 8     | -            |                        |
+| offset   | server | 6        | -            |                        |
+| stats    | server | 1, 2, 3  | -            |                        |
+| version  | server | 1, 2     | -            |                        |
+| quit     | server | 1        | -            |                        |
+| transaction | server | 5, 6, 7 | -          |                        |
+| result   | client | 4        | 2            | ``Limits.max_body``    |
+| value    | client | 3        | 1            | ``Limits.max_body``    |
+
+Dispatch is a table from the whole verb to its builder.  Tokens are split on single spaces and
+trailing empty tokens are dropped, as Java's ``Pattern.split`` does (so ``stats  7`` has an
+empty item token).  A body is taken only once all of it has arrived; bytes after a complete
+frame stay buffered.  The buffer is a ``bytearray`` with a read position, compacted when the
+consumed prefix is large, and the line scan resumes where it stopped: feeding byte by byte or
+many small frames stays linear.  A body is copied out exactly once (a ``bytearray`` for
+``bput`` so the broker can stamp ids in place, ``bytes`` otherwise).
+
+Errors (:class:`ProtocolError`): *fatal* when framing is lost - a line longer than
+``max_line`` bytes, a missing/unparseable/negative body length, a body over its limit - after
+which every ``next_event`` raises the same error; *non-fatal* otherwise - the whole frame (line
+and body) has been consumed and the next frame parses normally.
+
+Thread-safety: none; one parser per connection, used by one thread or task at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from pymetaq.client.protocol.errors import InvalidTxKey, ProtocolError
+from pymetaq.client.protocol.model import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_OPAQUE,
+    BatchPutCommand,
+    Event,
+    GetCommand,
+    Limits,
+    OffsetCommand,
+    PutCommand,
+    PutForm,
+    QuitCommand,
+    ResultReply,
+    Role,
+    StatsCommand,
+    SyncCommand,
+    TransactionCommand,
+    TransactionType,
+    ValueReply,
+    VersionCommand,
+)
+from pymetaq.client.protocol.txkey import parse_tx_key
+
+
+class NeedData(enum.Enum):
+    """The type of the :data:`NEED_DATA` sentinel."""
+
+    NEED_DATA = "NEED_DATA"
+
+
+#: ``next_event()`` returns this when no complete frame is buffered.
+NEED_DATA: Final = NeedData.NEED_DATA
+
+_INT = re.compile(rb"[+-]?[0-9]{1,19}")
+_UINT = re.compile(rb"\+?[0-9]{1,10}")
+_NUMERIC_START = frozenset(b"-0123456789")
+_SIGNS = (b"-", b"+")
+#: compact the buffer once this many consumed bytes sit in front of the read position
+_COMPACT_AT = 1 << 16
+_CRLF = b"\r\n"
+
+Body = bytes | bytearray | None
+Tokens = list[bytes]
+
+
+class _Bad(Exception):
+    """A builder's complaint; becomes a non-fatal ProtocolError carrying the frame's opaque."""
+
+
+# --------------------------------------------------------------------------- token readers
+
+
+def _int(token: bytes, what: str, lo: int = INT32_MIN, hi: int = INT32_MAX) -> int:
+    # bytes.isdigit() is ASCII-only; int() alone would also take spaces, '_' and 30k digits
+    digits = token[1:] if token[:1] in _SIGNS else token
+    if not digits.isdigit() or len(digits) > 19:
+        raise _Bad(f"invalid {what}")
+    value = int(token)
+    if not lo <= value <= hi:
+        raise _Bad(f"{what} out of range")
+    return value
+
+
+def _i64(token: bytes, what: str) -> int:
+    return _int(token, what, INT64_MIN, INT64_MAX)
+
+
+def _str(token: bytes, what: str) -> str:
+    if not token:
+        raise _Bad(f"empty {what}")
+    try:
+        return token.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Bad(f"{what} is not UTF-8") from None
+
+
+def _tx_key(token: bytes) -> str:
+    key = _str(token, "transaction key")
+    try:
+        parse_tx_key(key)
+    except InvalidTxKey:
+        raise _Bad("illegal transaction key") from None
+    return key
+
+
+def _checksum(token: bytes) -> int | None:
+    value = _int(token, "checksum")
+    return None if value == -1 else value
+
+
+def _need(t: Tokens, *counts: int) -> None:
+    if len(t) not in counts:
+        raise _Bad(f"invalid {t[0].decode('ascii')} command: {len(t)} tokens")
+
+
+def _body(body: Body) -> bytes:
+    assert isinstance(body, bytes)
+    return body
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _put(t: Tokens, body: Body) -> PutCommand:
+    _need(t, 6, 7, 8)
+    topic, partition, flag = _str(t[1], "topic"), _int(t[2], "partition"), _int(t[4], "flag")
+    data = _body(body)
+    if len(t) == 6:
+        return PutCommand(
+            topic, partition, data, flag, None, None, _int(t[5], "opaque"), PutForm.LEGACY
+        )
+    if len(t) == 8:
+        checksum, tx_key = _checksum(t[5]), _tx_key(t[6])
+        return PutCommand(topic, partition, data, flag, checksum, tx_key, _int(t[7], "opaque"))
+    slot, opaque = t[5], _int(t[6], "opaque")
+    if slot and slot[0] in _NUMERIC_START:  # MetaQ: a digit or '-' => checksum, else tx key
+        return PutCommand(topic, partition, data, flag, _checksum(slot), None, opaque)
+    return PutCommand(topic, partition, data, flag, None, _tx_key(slot), opaque, PutForm.LEGACY)
+
+
+def _bput(t: Tokens, body: Body) -> BatchPutCommand:
+    _need(t, 7)
+    assert isinstance(body, bytearray)
+    count = _int(t[4], "count", 0)
+    return BatchPutCommand(
+        _str(t[1], "topic"),
+        _int(t[2], "partition"),
+        body,
+        count,
+        _checksum(t[5]),
+        _int(t[6], "opaque"),
+    )
+
+
+def _sync(t: Tokens, body: Body) -> SyncCommand:
+    _need(t, 7, 8)
+    checksum = _checksum(t[6]) if len(t) == 8 else None
+    topic, partition, data = _str(t[1], "topic"), _int(t[2], "partition"), _body(body)
+    flag, msg_id, opaque = _int(t[4], "flag"), _i64(t[5], "msg id"), _int(t[-1], "opaque")
+    return SyncCommand(topic, partition, data, flag, msg_id, checksum, opaque)
+
+
+def _get(t: Tokens, body: Body) -> GetCommand:
+    _need(t, 7, 8)
+    max_wait_ms = _int(t[6], "max wait") if len(t) == 8 else None
+    return GetCommand(
+        _str(t[1], "topic"),
+        _str(t[2], "group"),
+        _int(t[3], "partition"),
+        _i64(t[4], "offset"),
+        _int(t[5], "max size"),
+        _int(t[-1], "opaque"),
+        max_wait_ms,
+    )
+
+
+def _offset(t: Tokens, body: Body) -> OffsetCommand:
+    _need(t, 6)
+    return OffsetCommand(
+        _str(t[1], "topic"),
+        _str(t[2], "group"),
+        _int(t[3], "partition"),
+        _i64(t[4], "offset"),
+        _int(t[5], "opaque"),
+    )
+
+
+def _stats(t: Tokens, body: Body) -> StatsCommand:
+    _need(t, 1, 2, 3)
+    item = _str(t[1], "stats item") if len(t) >= 2 and t[1] else ""
+    return StatsCommand(item, _int(t[2], "opaque") if len(t) == 3 else MAX_OPAQUE)
+
+
+def _version(t: Tokens, body: Body) -> VersionCommand:
+    _need(t, 1, 2)
+    return VersionCommand(_int(t[1], "opaque") if len(t) == 2 else MAX_OPAQUE)
+
+
+def _quit(t: Tokens, body: Body) -> QuitCommand:
+    _need(t, 1)
+    return QuitCommand()
+
+
+def _transaction(t: Tokens, body: Body) -> TransactionCommand:
+    _need(t, 5, 6, 7)
+    tx_key, session_id = _tx_key(t[1]), _str(t[2], "session id")
+    try:
+        tx_type = TransactionType(t[3].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise _Bad("unknown transaction type") from None
+    timeout: int | None = None
+    qualifier: str | None = None
+    if len(t) == 7:
+        timeout, qualifier = _int(t[4], "timeout"), _str(t[5], "unique qualifier")
+    elif len(t) == 6 and t[4].isdigit():  # MetaQ: a numeric slot is the timeout
+        timeout = _int(t[4], "timeout")
+    elif len(t) == 6:
+        qualifier = _str(t[4], "unique qualifier")
+    return TransactionCommand(
+        tx_key, session_id, tx_type, timeout, qualifier, _int(t[-1], "opaque")
+    )
+
+
+def _result(t: Tokens, body: Body) -> ResultReply:
+    _need(t, 4)
+    return ResultReply(_int(t[1], "code"), _body(body), _int(t[3], "opaque"))
+
+
+def _value(t: Tokens, body: Body) -> ValueReply:
+    _need(t, 3)
+    return ValueReply(_body(body), _int(t[2], "opaque"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Verb:
+    build: Callable[[Tokens, Body], Event]
+    len_index: int | None = None  # the token holding the body length, None = no body
+    batch: bool = False  # limit max_batch_body, body handed out as a bytearray
+
+
+_SERVER_VERBS: Final[dict[bytes, _Verb]] = {
+    b"put": _Verb(_put, 3),
+    b"bput": _Verb(_bput, 3, batch=True),
+    b"sync": _Verb(_sync, 3),
+    b"get": _Verb(_get),
+    b"offset": _Verb(_offset),
+    b"stats": _Verb(_stats),
+    b"version": _Verb(_version),
+    b"quit": _Verb(_quit),
+    b"transaction": _Verb(_transaction),
+}
+_CLIENT_VERBS: Final[dict[bytes, _Verb]] = {
+    b"result": _Verb(_result, 2),
+    b"value": _Verb(_value, 1),
+}
+
+
+def _opaque_of(tokens: Tokens) -> int | None:
+    """The frame's last token as an int32, so an error reply can still be matched."""
+    if len(tokens) < 2 or not _INT.fullmatch(tokens[-1]):
+        return None
+    value = int(tokens[-1])
+    return value if INT32_MIN <= value <= INT32_MAX else None
+
+
+def _printable(token: bytes) -> str:
+    return token[:40].decode("utf-8", "backslashreplace")
+
+
+# --------------------------------------------------------------------------- the parser
+
+
+class Parser:
+    """Parses requests (``Role.SERVER``) or replies (``Role.CLIENT``) from fed bytes."""
+
+    def __init__(self, role: Role, limits: Limits | None = None) -> None:
+        self.role = role
+        self.limits = limits if limits is not None else Limits()
+        self._verbs = _SERVER_VERBS if role is Role.SERVER else _CLIENT_VERBS
+        self._buf = bytearray()
+        self._pos = 0  # start of the first unconsumed frame
+        self._scan = 0  # where the CRLF search resumes
+        self._pending: tuple[_Verb, Tokens, int, int] | None = None  # verb, tokens, start, len
+        self._error: ProtocolError | None = None
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes fed and not yet returned as part of an event (a partial frame, or more)."""
+        return len(self._buf) - self._pos
+
+    @property
+    def trailing_data(self) -> bytes:
+        """A copy of the buffered, unconsumed bytes (h11's ``trailing_data``)."""
+        return bytes(self._buf[self._pos :])
+
+    @property
+    def broken(self) -> ProtocolError | None:
+        """The fatal error that stopped this parser, if any."""
+        return self._error
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append received bytes (any chunking).  Ignored once the parser is broken."""
+        if self._error is None:
+            self._buf += data
+
+    def next_event(self) -> Event | Literal[NeedData.NEED_DATA]:
+        """The next complete frame, or :data:`NEED_DATA`.  Raises :class:`ProtocolError`."""
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._next()
+        except ProtocolError as exc:
+            if exc.fatal:
+                self._error = exc
+                self._buf = bytearray()
+                self._pos = self._scan = 0
+                self._pending = None
+            raise
+
+    def events(self) -> Iterator[Event]:
+        """Every complete frame buffered now (stops at NEED_DATA; errors propagate)."""
+        while (event := self.next_event()) is not NEED_DATA:
+            yield event
+
+    def _next(self) -> Event | Literal[NeedData.NEED_DATA]:
+        if self._pending is None:
+            line_end = self._find_line()
+            if line_end < 0:
+                return NEED_DATA
+            tokens = bytes(self._buf[self._pos : line_end]).split(b" ")
+            while tokens and not tokens[-1]:
+                tokens.pop()
+            verb = self._verbs.get(tokens[0]) if tokens else None
+            if verb is None or verb.len_index is None:
+                self._consume(line_end + 2)
+                if not tokens:
+                    raise ProtocolError("blank command line", fatal=False)
+                if verb is None:
+                    reason = f"unknown command {_printable(tokens[0])}"
+                    raise ProtocolError(reason, fatal=False, opaque=_opaque_of(tokens))
+                return self._build(verb, tokens, None)
+            self._pending = (verb, tokens, line_end + 2, self._body_len(verb, tokens))
+        verb, tokens, start, length = self._pending
+        if len(self._buf) - start < length:
+            return NEED_DATA
+        body = self._take_body(start, length, verb.batch)
+        self._pending = None
+        self._consume(start + length)
+        return self._build(verb, tokens, body)
+
+    def _find_line(self) -> int:
+        """Index of the CRLF ending the current line, or -1 (need more bytes)."""
+        limit = self._pos + self.limits.max_line + 2
+        end = self._buf.find(_CRLF, self._scan, limit)
+        if end >= 0:
+            return end
+        if len(self._buf) >= limit:
+            raise ProtocolError(
+                f"command line longer than {self.limits.max_line} bytes", fatal=True
+            )
+        self._scan = max(self._pos, len(self._buf) - 1)
+        return -1
+
+    def _body_len(self, verb: _Verb, tokens: Tokens) -> int:
+        assert verb.len_index is not None
+        if len(tokens) <= verb.len_index or not _UINT.fullmatch(tokens[verb.len_index]):
+            reason = "missing or invalid body length"
+            raise ProtocolError(reason, fatal=True, opaque=_opaque_of(tokens))
+        length = int(tokens[verb.len_index])
+        limit = self.limits.max_batch_body if verb.batch else self.limits.max_body
+        if length > limit:
+            reason = f"body of {length} bytes exceeds the limit of {limit}"
+            raise ProtocolError(reason, fatal=True, opaque=_opaque_of(tokens))
+        return length
+
+    def _take_body(self, start: int, length: int, batch: bool) -> bytes | bytearray:
+        if batch:
+            return self._buf[start : start + length]  # one copy, a bytearray
+        with memoryview(self._buf) as view:
+            return view[start : start + length].tobytes()  # one copy
+
+    def _consume(self, end: int) -> None:
+        self._pos = end
+        if end == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        elif end >= _COMPACT_AT and 2 * end >= len(self._buf):
+            del self._buf[:end]
+            self._pos = 0
+        self._scan = self._pos
+
+    def _build(self, verb: _Verb, tokens: Tokens, body: Body) -> Event:
+        try:
+            return verb.build(tokens, body)
+        except _Bad as exc:
+            raise ProtocolError(str(exc), fatal=False, opaque=_opaque_of(tokens)) from None

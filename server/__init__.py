@@ -1,0 +1,1 @@
+"""pymetaq.server."""

@@ -1,0 +1,255 @@
+"""The broker: storage + an asyncio TCP listener + the dispatcher, with a clean lifecycle.
+
+``Broker(config)`` can run two ways:
+
+- in-process: ``start()`` runs its own event loop in a thread and returns once the listener
+  is bound (``.port`` / ``.address``; ``serverPort=0`` picks a free port); ``stop()`` shuts
+  down; it is also a context manager.
+- in the foreground: ``run()`` (the ``pymetaq server`` command) blocks, handles SIGTERM/SIGINT
+  (clean stop) and SIGHUP (reload the ``[topic=...]`` sections) and returns the exit code.
+
+Stop sequence: stop accepting; stop reading from every connection; answer waiting long-poll
+gets; wait (bounded by ``STOP_GRACE_S``) until every in-flight put is acknowledged; flush the
+replies; close the connections; ``store.close()`` (flush, stop threads, write the clean-shutdown
+marker).
+
+Thread-safety: ``start``/``stop``/``reload_config`` may be called from any thread; everything
+else runs on the broker's loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+from pymetaq.server.config import BrokerConfig, load_config
+from pymetaq.server.connection import Connection
+from pymetaq.server.dispatch import Dispatcher
+from pymetaq.server.errors import BrokerStateError, ConfigError
+from pymetaq.storage import MessageStoreManager
+
+log = logging.getLogger("pymetaq.server")
+
+STOP_GRACE_S = 10.0
+
+
+class Broker:
+    """One pymetaq broker (see the module docstring)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.store: Any = None
+        self.port = 0
+        self.host = config.system.host_name or "127.0.0.1"
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.dispatcher: Dispatcher | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopped = threading.Event()
+        self._stop_event: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._store_configs: dict[str, Any] = {}
+        self._loop_thread_id = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self, timeout: float = 60.0) -> Broker:
+        """Run the broker in a background thread; returns once it listens (or raises)."""
+        if self._thread is not None:
+            raise BrokerStateError("broker already started")
+        self._thread = threading.Thread(
+            target=self._thread_main, name="pymetaq-broker", daemon=True
+        )
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise BrokerStateError(f"broker did not start within {timeout} s")
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop a broker started with :meth:`start` (idempotent)."""
+        if self._thread is None:
+            raise BrokerStateError("broker was not started")
+        self.request_stop()
+        self._thread.join(timeout)
+
+    def request_stop(self) -> None:
+        """Ask the loop to stop (any thread, signal-safe from the loop thread)."""
+        loop, event = self.loop, self._stop_event
+        if loop is not None and event is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:
+                pass
+
+    def __enter__(self) -> Broker:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self.serve())
+        except BaseException as exc:
+            self._error = exc
+            log.exception("broker failed")
+        finally:
+            self._ready.set()
+            self._stopped.set()
+
+    def run(self) -> int:
+        """Serve in the foreground with signal handling; the process's exit code."""
+        try:
+            asyncio.run(self.serve(install_signals=True))
+        except ConfigError:
+            raise
+        except Exception:
+            log.exception("broker failed")
+            return 1
+        return 0
+
+    # -- the loop ---------------------------------------------------------------------------------
+    async def serve(self, *, install_signals: bool = False) -> None:
+        """Open storage, listen, serve until asked to stop, then shut down cleanly."""
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self._loop_thread_id = threading.get_ident()
+        self._stop_event = asyncio.Event()
+        self._open_store()
+        self.dispatcher = dispatcher = Dispatcher(self, loop)
+        try:
+            server = await loop.create_server(
+                lambda: Connection(dispatcher),
+                self.host,
+                self.config.system.server_port,
+                backlog=1024,
+                reuse_address=True,
+            )
+        except BaseException:
+            self.store.close()
+            raise
+        self.port = server.sockets[0].getsockname()[1]
+        if install_signals:
+            loop.add_signal_handler(signal.SIGTERM, self._stop_event.set)
+            loop.add_signal_handler(signal.SIGINT, self._stop_event.set)
+            loop.add_signal_handler(signal.SIGHUP, self.reload_config)
+        idle = loop.create_task(self._idle_sweeper())
+        log.info(
+            "pymetaq broker %d listening on %s:%d (data: %s)",
+            self.config.system.broker_id,
+            self.host,
+            self.port,
+            self.config.system.data_path,
+        )
+        self._ready.set()
+        try:
+            await self._stop_event.wait()
+        finally:
+            idle.cancel()
+            await self._shutdown(server, dispatcher)
+
+    def _open_store(self) -> None:
+        self.store = MessageStoreManager(self.config.store_config(), self._topic_store_config)
+        for report in self.store.open():
+            log.debug("recovered %s", report)
+        self.store.start()
+        if self.config.zookeeper.enabled:
+            log.warning("zk.zkEnable=true but ZooKeeper is not supported yet: running standalone")
+
+    def _topic_store_config(self, topic: str) -> Any:
+        cached = self._store_configs.get(topic)
+        if cached is None:
+            tc = self.config.topic_config(topic)
+            if tc is None:
+                return None
+            cached = self._store_configs[topic] = tc.store_config()
+        return cached
+
+    async def _shutdown(self, server: asyncio.Server, dispatcher: Dispatcher) -> None:
+        log.info("stopping: no longer accepting connections")
+        dispatcher.accepting = False
+        server.close()
+        for conn in list(dispatcher.connections):
+            if conn.transport is not None and not conn.closed:
+                conn.transport.pause_reading()
+        dispatcher.longpoll.expire_all()
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(c.inflight for c in dispatcher.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0)  # let the last replies flush
+        for conn in list(dispatcher.connections):
+            conn.close_after_flush()
+        deadline = time.monotonic() + 2.0
+        while dispatcher.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        for conn in list(dispatcher.connections):
+            conn.abort()
+        await server.wait_closed()
+        await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+        log.info("stopped: storage closed cleanly")
+
+    async def _idle_sweeper(self) -> None:
+        idle_ms = self.config.system.idle_timeout_ms
+        if idle_ms <= 0:
+            return
+        period = min(1.0, idle_ms / 4000.0)
+        idle_for: dict[Connection, float] = {}
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        while True:
+            await asyncio.sleep(period)
+            for conn in list(dispatcher.connections):
+                if conn.active or conn.inflight:
+                    conn.active = False
+                    idle_for[conn] = 0.0
+                    continue
+                idle_for[conn] = idle_for.get(conn, 0.0) + period
+                if idle_for[conn] * 1000 >= idle_ms:
+                    log.info("closing idle connection from %s", conn.peer)
+                    conn.close_after_flush()
+            for conn in [c for c in idle_for if c not in dispatcher.connections]:
+                del idle_for[conn]
+
+    # -- configuration reload -------------------------------------------------------------------
+    def reload_config(self) -> bool:
+        """Re-read the file and apply its ``[topic=...]`` sections (SIGHUP); False on error."""
+        loop = self.loop
+        if loop is None or threading.get_ident() == self._loop_thread_id:
+            return self._reload()
+        fut = asyncio.run_coroutine_threadsafe(self._reload_async(), loop)
+        return fut.result(30)
+
+    async def _reload_async(self) -> bool:
+        return self._reload()
+
+    def _reload(self) -> bool:
+        try:
+            new = load_config(self.config.path)
+        except ConfigError as exc:
+            log.error("config reload failed, keeping the old configuration: %s", exc)
+            return False
+        if new.system != self.config.system:
+            log.warning("config reload: [system] changes need a restart; applying topics only")
+        self.config = dataclasses.replace(
+            self.config, topics=new.topics, text=new.text, checksum=new.checksum
+        )
+        self._store_configs.clear()
+        if self.dispatcher is not None:
+            self.dispatcher.invalidate_logs()
+        self.store.reload_topic_config()
+        log.info("config reloaded: %d topic section(s)", len(new.topics))
+        return True

@@ -1,0 +1,398 @@
+"""The broker's configuration: MetaQ's ``server.ini`` as frozen dataclasses.
+
+Sections (MetaQ 1.4, ``MetaConfig``/``TopicConfig``/``ZKConfig``): ``[system]``,
+``[zookeeper]`` and one ``[topic=NAME]`` per topic, where NAME may contain ``*`` (any run of
+characters, MetaQ's ``.*``).  A topic is looked up by exact name first, then by the first
+matching pattern in file order; unset topic keys inherit ``[system]``.
+
+Every MetaQ key is accepted.  Keys that pymetaq reads today are *live*; the others are parsed,
+validated and kept but *inert* until the feature that uses them lands (see ``INERT_KEYS``):
+dashboardHttpPort, dataLogPath, appClassPath, getProcessThreadCount, putProcessThreadCount,
+quartzThreadCount, maxCheckpoints, checkpointInterval, maxTxTimeoutTimerCapacity,
+maxTxTimeoutInSeconds, flushTxLogAtCommit, loadMessageStoresInParallel, every ``zk.*`` key
+(pymetaq runs standalone until the cluster issue; ``zk.zkEnable=true`` only logs a warning) and
+the ``group.<name>`` server-side filters.  hostName is used as the listen address (empty =
+127.0.0.1 for the standalone broker).
+
+pymetaq's own ``[system]`` keys (limits; units in the names):
+
+| key                 | default   | meaning                                                  |
+|---------------------|-----------|----------------------------------------------------------|
+| maxConnections      | 1024      | connections beyond this are closed at accept             |
+| idleTimeoutMs       | 600000    | a connection silent this long is closed (0 = never)      |
+| maxLineLength       | 4096      | longest command line in bytes (else 400 and close)       |
+| maxBatchSize        | 16777216  | largest ``bput`` body; a ``put`` body is bounded by      |
+|                     |           | ``maxTransferSize - 20`` so every record can be fetched  |
+
+Paths: a relative ``dataPath`` (and per-topic ``dataPath``) is resolved against the working
+directory of the process that loads the file, ``~`` is expanded; the shipped
+``conf/server.ini`` uses ``dataPath=data``.
+
+Thread-safe: immutable values; loading is a pure function of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pymetaq.server.errors import ConfigError
+from pymetaq.server.ini import IniEntry, IniSection, did_you_mean, eval_int, parse_bool, parse_ini
+
+_CPUS = os.cpu_count() or 1
+
+# ini key -> (dataclass field, kind, default).  kind: "int" | "bool" | "str".
+SYSTEM_KEYS: dict[str, tuple[str, str, Any]] = {
+    "brokerId": ("broker_id", "int", 0),
+    "hostName": ("host_name", "str", ""),
+    "serverPort": ("server_port", "int", 8123),
+    "dashboardHttpPort": ("dashboard_http_port", "int", 8120),
+    "dataPath": ("data_path", "str", "~/meta"),
+    "dataLogPath": ("data_log_path", "str", ""),
+    "appClassPath": ("app_class_path", "str", ""),
+    "numPartitions": ("num_partitions", "int", 1),
+    "unflushThreshold": ("unflush_threshold", "int", 1000),
+    "unflushInterval": ("unflush_interval_ms", "int", 10000),
+    "maxSegmentSize": ("max_segment_size", "int", 1024 * 1024 * 1024),
+    "maxTransferSize": ("max_transfer_size", "int", 1024 * 1024),
+    "getProcessThreadCount": ("get_process_thread_count", "int", 10 * _CPUS),
+    "putProcessThreadCount": ("put_process_thread_count", "int", 10 * _CPUS),
+    "deletePolicy": ("delete_policy", "str", "delete,168"),
+    "deleteWhen": ("delete_when", "str", "0 0 6,18 * * ?"),
+    "quartzThreadCount": ("quartz_thread_count", "int", 5),
+    "maxCheckpoints": ("max_checkpoints", "int", 3),
+    "checkpointInterval": ("checkpoint_interval_ms", "int", 3600000),
+    "maxTxTimeoutTimerCapacity": ("max_tx_timeout_timer_capacity", "int", 30000),
+    "maxTxTimeoutInSeconds": ("max_tx_timeout_seconds", "int", 60),
+    "flushTxLogAtCommit": ("flush_tx_log_at_commit", "int", 1),
+    "acceptPublish": ("accept_publish", "bool", True),
+    "acceptSubscribe": ("accept_subscribe", "bool", True),
+    "stat": ("stat", "bool", False),
+    "updateConsumerOffsets": ("update_consumer_offsets", "bool", False),
+    "loadMessageStoresInParallel": ("load_message_stores_in_parallel", "bool", False),
+    # pymetaq extensions
+    "maxConnections": ("max_connections", "int", 1024),
+    "idleTimeoutMs": ("idle_timeout_ms", "int", 600_000),
+    "maxLineLength": ("max_line_length", "int", 4096),
+    "maxBatchSize": ("max_batch_size", "int", 16 * 1024 * 1024),
+}
+
+ZK_KEYS: dict[str, tuple[str, str, Any]] = {
+    "zk.zkEnable": ("enabled", "bool", True),
+    "zk.zkConnect": ("connect", "str", "localhost:2181"),
+    "zk.zkSessionTimeoutMs": ("session_timeout_ms", "int", 30000),
+    "zk.zkConnectionTimeoutMs": ("connection_timeout_ms", "int", 30000),
+    "zk.zkSyncTimeMs": ("sync_time_ms", "int", 5000),
+    "zk.zkRoot": ("root", "str", "/meta"),
+}
+
+#: keys a [topic=...] section may set; each inherits the [system] key of the same name.
+TOPIC_KEYS: tuple[str, ...] = (
+    "numPartitions",
+    "stat",
+    "deletePolicy",
+    "deleteWhen",
+    "dataPath",
+    "unflushInterval",
+    "unflushThreshold",
+    "acceptSubscribe",
+    "acceptPublish",
+)
+
+INERT_KEYS: frozenset[str] = frozenset(
+    {
+        "dashboardHttpPort",
+        "dataLogPath",
+        "appClassPath",
+        "getProcessThreadCount",
+        "putProcessThreadCount",
+        "quartzThreadCount",
+        "maxCheckpoints",
+        "checkpointInterval",
+        "maxTxTimeoutTimerCapacity",
+        "maxTxTimeoutInSeconds",
+        "flushTxLogAtCommit",
+        "loadMessageStoresInParallel",
+        *ZK_KEYS,
+    }
+)
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    """The ``[system]`` section (MetaQ's MetaConfig), values resolved."""
+
+    broker_id: int = 0
+    host_name: str = ""
+    server_port: int = 8123
+    dashboard_http_port: int = 8120
+    data_path: str = "~/meta"
+    data_log_path: str = ""
+    app_class_path: str = ""
+    num_partitions: int = 1
+    unflush_threshold: int = 1000
+    unflush_interval_ms: int = 10000
+    max_segment_size: int = 1024 * 1024 * 1024
+    max_transfer_size: int = 1024 * 1024
+    get_process_thread_count: int = 10 * _CPUS
+    put_process_thread_count: int = 10 * _CPUS
+    delete_policy: str = "delete,168"
+    delete_when: str = "0 0 6,18 * * ?"
+    quartz_thread_count: int = 5
+    max_checkpoints: int = 3
+    checkpoint_interval_ms: int = 3600000
+    max_tx_timeout_timer_capacity: int = 30000
+    max_tx_timeout_seconds: int = 60
+    flush_tx_log_at_commit: int = 1
+    accept_publish: bool = True
+    accept_subscribe: bool = True
+    stat: bool = False
+    update_consumer_offsets: bool = False
+    load_message_stores_in_parallel: bool = False
+    max_connections: int = 1024
+    idle_timeout_ms: int = 600_000
+    max_line_length: int = 4096
+    max_batch_size: int = 16 * 1024 * 1024
+
+    @property
+    def max_put_size(self) -> int:
+        """The largest ``put`` data section: one record must fit in one transfer."""
+        return self.max_transfer_size - 20
+
+
+@dataclass(frozen=True)
+class ZkConfig:
+    """The ``[zookeeper]`` section (inert until the cluster issue)."""
+
+    enabled: bool = True
+    connect: str = "localhost:2181"
+    session_timeout_ms: int = 30000
+    connection_timeout_ms: int = 30000
+    sync_time_ms: int = 5000
+    root: str = "/meta"
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """One ``[topic=NAME]`` section with [system] inheritance applied."""
+
+    name: str
+    num_partitions: int = 1
+    stat: bool = False
+    delete_policy: str = "delete,168"
+    delete_when: str = "0 0 6,18 * * ?"
+    data_path: str | None = None
+    unflush_interval_ms: int = 10000
+    unflush_threshold: int = 1000
+    accept_subscribe: bool = True
+    accept_publish: bool = True
+    group_filters: tuple[tuple[str, str], ...] = ()
+    line: int = 0
+    pattern: re.Pattern[str] = field(default=re.compile(""), compare=False, repr=False)
+
+    @property
+    def is_pattern(self) -> bool:
+        return "*" in self.name
+
+    def matches(self, topic: str) -> bool:
+        return self.pattern.fullmatch(topic) is not None
+
+    def store_config(self) -> Any:
+        """This topic's slice for storage (a ``pymetaq.storage.TopicStoreConfig``)."""
+        from pymetaq.storage import TopicStoreConfig
+
+        return TopicStoreConfig(
+            num_partitions=self.num_partitions,
+            unflush_threshold=self.unflush_threshold,
+            unflush_interval_ms=self.unflush_interval_ms,
+            delete_policy=self.delete_policy,
+            delete_when=self.delete_when,
+            data_path=self.data_path,
+        )
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """The whole file: sections, the raw text (``stats config``) and its CRC32 checksum."""
+
+    system: SystemConfig = field(default_factory=SystemConfig)
+    zookeeper: ZkConfig = field(default_factory=ZkConfig)
+    topics: tuple[TopicConfig, ...] = ()
+    path: str = "<string>"
+    text: str = ""
+    checksum: int = 0
+
+    def topic_config(self, topic: str) -> TopicConfig | None:
+        """The effective config of ``topic``: exact section, else first matching pattern."""
+        for tc in self.topics:
+            if not tc.is_pattern and tc.name == topic:
+                return tc
+        for tc in self.topics:
+            if tc.is_pattern and tc.matches(topic):
+                return tc
+        return None
+
+    def store_config(self) -> Any:
+        """The broker-wide slice for storage (a ``pymetaq.storage.StoreConfig``)."""
+        from pymetaq.storage import StoreConfig
+
+        s = self.system
+        return StoreConfig(
+            data_path=s.data_path,
+            broker_id=s.broker_id,
+            max_segment_size=s.max_segment_size,
+            max_transfer_size=s.max_transfer_size,
+        )
+
+    def with_system(self, **changes: Any) -> BrokerConfig:
+        """A copy with some [system] fields replaced (tests: ``server_port=0``)."""
+        return replace(self, system=replace(self.system, **changes))
+
+
+def load_config(path: str | os.PathLike[str], *, cwd: str | None = None) -> BrokerConfig:
+    """Read and validate a server.ini; raises :class:`ConfigError` naming file, line and key."""
+    spath = os.fspath(path)
+    try:
+        with open(spath, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError(f"{spath}: cannot read config file: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{spath}: config file is not UTF-8: {exc}") from exc
+    return parse_config(text, spath, cwd=cwd)
+
+
+def parse_config(text: str, path: str = "<string>", *, cwd: str | None = None) -> BrokerConfig:
+    """Validate server.ini text; relative data paths are resolved against ``cwd`` (default: the
+    process's working directory)."""
+    base = cwd if cwd is not None else os.getcwd()
+    sections = parse_ini(text, path)
+    by_name = {s.name: s for s in sections}
+    for s in sections:
+        if s.name not in ("system", "zookeeper") and not s.name.startswith("topic="):
+            hint = did_you_mean(s.name, ["system", "zookeeper", "topic=NAME"])
+            raise ConfigError(f"{path}:{s.line}: unknown section [{s.name}]{hint}")
+    sys_values = _section_values(by_name.get("system"), SYSTEM_KEYS, path)
+    system = SystemConfig(**sys_values)
+    system = replace(system, data_path=_resolve(system.data_path, base))
+    if not system.data_log_path:
+        system = replace(system, data_log_path=system.data_path)
+    _check_system(system, by_name.get("system"), path)
+    zk = ZkConfig(**_section_values(by_name.get("zookeeper"), ZK_KEYS, path))
+    if zk.enabled and not zk.connect:
+        raise ConfigError(f"{path}: [zookeeper] zk.zkConnect is required when zk.zkEnable=true")
+    topics = tuple(_topic(s, system, path, base) for s in sections if s.name.startswith("topic="))
+    if not topics:
+        raise ConfigError(f"{path}: no [topic=NAME] section; MetaQ requires at least one topic")
+    checksum = zlib.crc32(text.encode("utf-8")) & 0xFFFFFFFF
+    return BrokerConfig(system, zk, topics, path, text, checksum)
+
+
+def _resolve(p: str, base: str) -> str:
+    return os.path.normpath(os.path.join(base, os.path.expanduser(p)))
+
+
+def _convert(entry: IniEntry, kind: str, section: str, path: str) -> Any:
+    try:
+        if kind == "int":
+            return eval_int(entry.value)
+        if kind == "bool":
+            return parse_bool(entry.value)
+        return entry.value
+    except ValueError as exc:
+        raise ConfigError(
+            f"{path}:{entry.line}: bad value for '{entry.key}' in section [{section}]: {exc}"
+        ) from exc
+
+
+def _section_values(
+    section: IniSection | None, keys: dict[str, tuple[str, str, Any]], path: str
+) -> dict[str, Any]:
+    values: dict[str, Any] = {attr: default for attr, _, default in keys.values()}
+    if section is None:
+        return values
+    for entry in section.entries:
+        if entry.key not in keys:
+            hint = did_you_mean(entry.key, list(keys))
+            raise ConfigError(
+                f"{path}:{entry.line}: unknown key '{entry.key}' in section [{section.name}]{hint}"
+            )
+        attr, kind, _ = keys[entry.key]
+        values[attr] = _convert(entry, kind, section.name, path)
+    return values
+
+
+_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "brokerId": (lambda v: 0 <= v <= 1023, "must be 0..1023 (10 bits of the message id)"),
+    "serverPort": (lambda v: 0 <= v <= 65535, "must be 0..65535 (0 = any free port)"),
+    "numPartitions": (lambda v: v >= 1, "must be >= 1"),
+    "unflushInterval": (lambda v: v >= 0, "must be >= 0 ms"),
+    "maxSegmentSize": (lambda v: v >= 4096, "must be >= 4096 bytes"),
+    "maxTransferSize": (lambda v: v >= 1024, "must be >= 1024 bytes"),
+    "maxConnections": (lambda v: v >= 1, "must be >= 1"),
+    "idleTimeoutMs": (lambda v: v >= 0, "must be >= 0 (0 = never)"),
+    "maxLineLength": (lambda v: 256 <= v <= 1 << 20, "must be 256..1048576 bytes"),
+    "maxBatchSize": (lambda v: v >= 1024, "must be >= 1024 bytes"),
+    "deletePolicy": (
+        lambda v: re.fullmatch(r"(delete|archive),\d+[hms]?(,\w+)?", v) is not None,
+        "must look like 'delete,168' or 'archive,168,true'",
+    ),
+}
+
+
+def _check(key: str, value: Any, line: int, section: str, path: str) -> None:
+    check = _CHECKS.get(key)
+    if check is not None and not check[0](value):
+        raise ConfigError(
+            f"{path}:{line}: bad value for '{key}' in section [{section}]: {value!r} {check[1]}"
+        )
+
+
+def _check_system(system: SystemConfig, section: IniSection | None, path: str) -> None:
+    lines = {e.key: e.line for e in section.entries} if section else {}
+    for key, (attr, _, _) in SYSTEM_KEYS.items():
+        _check(key, getattr(system, attr), lines.get(key, 0), "system", path)
+
+
+def _topic(section: IniSection, system: SystemConfig, path: str, base: str) -> TopicConfig:
+    name = section.name[len("topic=") :].strip()
+    if not name or any(c.isspace() for c in name):
+        raise ConfigError(f"{path}:{section.line}: bad topic name in [{section.name}]")
+    values: dict[str, Any] = {}
+    filters: list[tuple[str, str]] = []
+    for entry in section.entries:
+        if entry.key.startswith("group."):
+            filters.append((entry.key[len("group.") :], entry.value))
+            continue
+        if entry.key not in TOPIC_KEYS:
+            hint = did_you_mean(entry.key, [*TOPIC_KEYS, "group.<group>"])
+            if entry.key in SYSTEM_KEYS:
+                hint = f" (it is a [system]-only key){hint}"
+            raise ConfigError(
+                f"{path}:{entry.line}: unknown key '{entry.key}' in section [{section.name}]{hint}"
+            )
+        attr, kind, _ = SYSTEM_KEYS[entry.key]
+        value = _convert(entry, kind, section.name, path)
+        _check(entry.key, value, entry.line, section.name, path)
+        values[attr] = value
+    data_path = values.get("data_path")
+    pattern = re.compile(".*".join(re.escape(part) for part in name.split("*")))
+    return TopicConfig(
+        name=name,
+        num_partitions=values.get("num_partitions", system.num_partitions),
+        stat=values.get("stat", system.stat),
+        delete_policy=values.get("delete_policy", system.delete_policy),
+        delete_when=values.get("delete_when", system.delete_when),
+        data_path=_resolve(data_path, base) if data_path else None,
+        unflush_interval_ms=values.get("unflush_interval_ms", system.unflush_interval_ms),
+        unflush_threshold=values.get("unflush_threshold", system.unflush_threshold),
+        accept_subscribe=values.get("accept_subscribe", system.accept_subscribe),
+        accept_publish=values.get("accept_publish", system.accept_publish),
+        group_filters=tuple(filters),
+        line=section.line,
+        pattern=pattern,
+    )

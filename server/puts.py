@@ -1,0 +1,176 @@
+"""The write path: single puts coalesced into one append per log, batch puts, durable acks.
+
+Single ``put`` commands that arrive in the same event-loop iteration (a pipelining client, or
+several clients) for the same partition are concatenated and written with **one**
+``PartitionLog.append``; the append's consecutive ids and the records' sizes give every put
+its own ``"<msgId> <partition> <offset>"``.  A ``bput`` body is appended as it is, after any
+coalesced puts of that log were written, so one connection's writes keep their order.
+
+Acknowledgement: storage calls ``on_durable`` once the append is durable under the topic's
+policy (from its flusher thread in group-commit mode); the completion is queued and the loop is
+woken once per burst (``call_soon_threadsafe``), then every waiting put gets its reply.
+Nothing is acknowledged before ``on_durable``.
+
+Thread-safety: everything runs on the event-loop thread except ``on_durable`` closures, which
+only append to a deque and wake the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from pymetaq.server.connection import result_frame
+from pymetaq.server.stats import Stats
+from pymetaq.storage import InvalidRecords, StorageError
+from pymetaq.storage.record import HEADER
+
+if TYPE_CHECKING:
+    from pymetaq.server.connection import Connection
+
+log = logging.getLogger("pymetaq.server")
+
+#: a coalesced append is written at once when it reaches this many bytes
+COALESCE_LIMIT = 512 * 1024
+#: size marker of a waiter that is a whole ``bput`` (reply carries the count)
+BATCH = -1
+
+Waiter = tuple["Connection", int, int]  # connection, opaque, record size (or BATCH)
+
+
+class _Pending:
+    __slots__ = ("nbytes", "parts", "plog", "stat", "waiters")
+
+    def __init__(self, plog: Any, stat: bool) -> None:
+        self.plog = plog
+        self.stat = stat
+        self.parts: list[bytes] = []
+        self.waiters: list[Waiter] = []
+        self.nbytes = 0
+
+
+class Appender:
+    """Owns every append the broker makes and the replies that acknowledge them."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stats: Stats) -> None:
+        self.loop = loop
+        self.stats = stats
+        self._loop_thread = threading.get_ident()
+        self._pending: dict[int, _Pending] = {}
+        self._flush_scheduled = False
+        self._done: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._wake_pending = False
+
+    # -- intake -------------------------------------------------------------------------------
+    def put(
+        self, conn: Connection, plog: Any, stat: bool, data: bytes, flag: int, crc: int, opaque: int
+    ) -> None:
+        """Queue one put's record (header built here, id stamped by storage)."""
+        conn.request_started()
+        pending = self._pending.get(id(plog))
+        if pending is None:
+            pending = self._pending[id(plog)] = _Pending(plog, stat)
+        pending.parts.append(HEADER.pack(len(data), crc, 0, flag))
+        pending.parts.append(data)
+        size = 20 + len(data)
+        pending.waiters.append((conn, opaque, size))
+        pending.nbytes += size
+        if pending.nbytes >= COALESCE_LIMIT:
+            self.flush_log(plog)
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush_all)
+
+    def batch(self, conn: Connection, plog: Any, stat: bool, body: bytearray, opaque: int) -> None:
+        """Append a validated ``bput`` body as one unit."""
+        self.flush_log(plog)
+        conn.request_started()
+        self._append(plog, stat, body, [(conn, opaque, BATCH)])
+
+    def flush_all(self) -> None:
+        self._flush_scheduled = False
+        for key in list(self._pending):
+            pending = self._pending.pop(key)
+            self._append(
+                pending.plog, pending.stat, bytearray().join(pending.parts), pending.waiters
+            )
+
+    def flush_log(self, plog: Any) -> None:
+        pending = self._pending.pop(id(plog), None)
+        if pending is not None:
+            self._append(plog, pending.stat, bytearray().join(pending.parts), pending.waiters)
+
+    # -- storage ---------------------------------------------------------------------------------
+    def _append(self, plog: Any, stat: bool, records: bytearray, waiters: list[Waiter]) -> None:
+        done = self._done
+        wake = self._wake
+
+        def on_durable(result: Any, exc: BaseException | None) -> None:
+            done.append((plog, stat, waiters, result, exc))
+            wake()
+
+        try:
+            plog.append(records, on_durable=on_durable)
+        except InvalidRecords as exc:
+            self._fail(waiters, 400, f"invalid records: {exc.reason}")
+        except StorageError as exc:
+            log.error("append to %s-%d failed: %r", plog.topic, plog.partition, exc)
+            self._fail(waiters, 500, f"Put message failed: {exc}")
+        except Exception as exc:  # a bug: answer and log, never leave a put unanswered
+            log.exception("append to %s-%d failed", plog.topic, plog.partition)
+            self._fail(waiters, 500, f"internal error: {exc!r}")
+
+    def _fail(self, waiters: list[Waiter], code: int, reason: str) -> None:
+        self.stats.counters["put_failed"] += len(waiters)
+        body = reason.encode("utf-8", "replace")
+        for conn, opaque, _size in waiters:
+            conn.request_done()
+            conn.reply(result_frame(code, body, opaque))
+
+    def _wake(self) -> None:
+        if self._wake_pending:
+            return
+        self._wake_pending = True
+        if threading.get_ident() == self._loop_thread:
+            self.loop.call_soon(self._drain)
+            return
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # loop closed during shutdown: nobody left to answer
+            pass
+
+    def _drain(self) -> None:
+        self._wake_pending = False
+        done = self._done
+        while done:
+            plog, stat, waiters, result, exc = done.popleft()
+            if exc is not None:
+                log.error("write to %s-%d failed: %r", plog.topic, plog.partition, exc)
+                self._fail(waiters, 500, f"Put message failed: {exc}")
+                continue
+            try:
+                self._acknowledge(plog, stat, waiters, result)
+            except Exception:  # pragma: no cover - a bug; keep serving the other completions
+                log.exception("acknowledging a write to %s-%d failed", plog.topic, plog.partition)
+
+    def _acknowledge(self, plog: Any, stat: bool, waiters: list[Waiter], result: Any) -> None:
+        self.stats.counters["total_messages"] += result.count
+        if stat:
+            self.stats.realtime("put", plog.topic, result.count, len(waiters))
+            self.stats.realtime("message_size", plog.topic, result.length, result.count)
+        partition = plog.partition
+        if len(waiters) == 1 and waiters[0][2] == BATCH:
+            conn, opaque, _ = waiters[0]
+            body = b"%d %d %d %d" % (result.first_msg_id, partition, result.offset, result.count)
+            conn.request_done()
+            conn.reply(result_frame(200, body, opaque))
+            return
+        msg_id, offset = result.first_msg_id, result.offset
+        for conn, opaque, size in waiters:
+            conn.request_done()
+            conn.reply(result_frame(200, b"%d %d %d" % (msg_id, partition, offset), opaque))
+            msg_id += 1
+            offset += size

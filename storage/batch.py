@@ -1,0 +1,177 @@
+"""The broker's per-batch hot path: validate a batch of records and stamp their ids.
+
+Two paths, both with at most ONE Python-level loop over the records, and no other
+per-record work:
+
+- **uniform batches** (every record the same length — what a producer batching fixed-size
+  messages sends): the framing is checked with four C-level extended-slice comparisons of the
+  length field, the stored checksums are gathered with four extended slices and one
+  ``struct.unpack``; the one loop runs ``zlib.crc32`` on memoryview slices; ids are scattered
+  with eight extended-slice assignments (ids of a batch share their top 6 bytes, because a
+  batch never crosses a millisecond's 4096 sequence numbers; the low 2 bytes come from a
+  precomputed table).
+- **mixed batches**: one loop doing ``unpack_from`` (length as unsigned, so a negative length
+  fails the same bounds check), ``crc32`` on a memoryview slice and ``pack_into`` of the id.
+
+Measured on the 2-core dev box, 1000 records of 100 bytes: the mixed loop 0.43-0.47 us per
+record, the uniform path 0.30 us (``zlib.crc32`` of 100 bytes alone is 0.15 us here).
+
+Thread-safe: pure functions over a caller-owned buffer (mutated when stamping);
+:func:`stamp_batch` takes the id worker's lock.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from pymetaq.storage.errors import InvalidRecords
+from pymetaq.storage.ids import SEQ_LIMIT, IdWorker
+from pymetaq.storage.record import HEADER_SIZE
+
+_LEN_CRC = struct.Struct(">Ii")  # length unsigned: a negative length becomes huge
+_ID = struct.Struct(">q")
+_MASK = 0x7FFFFFFF
+MAX_BATCH_RECORDS = SEQ_LIMIT  # ids of one batch are consecutive within one millisecond
+_LOW16 = b"".join(x.to_bytes(2, "big") for x in range(1 << 16))
+
+
+def _walk(buf: bytearray | bytes | memoryview, first_id: int | None) -> tuple[int, int]:
+    """The mixed-batch loop: validate, and stamp when ``first_id`` is given.
+
+    Returns (count, position of the last record)."""
+    mv = memoryview(buf)
+    end = len(mv)
+    unpack = _LEN_CRC.unpack_from
+    pack = _ID.pack_into
+    crc32 = zlib.crc32
+    pos = last = count = 0
+    msg_id = first_id or 0
+    stamp = first_id is not None
+    while pos < end:
+        if pos + HEADER_SIZE > end:
+            raise InvalidRecords("incomplete header", pos)
+        length, crc = unpack(mv, pos)
+        start = pos + HEADER_SIZE
+        stop = start + length
+        if stop > end:
+            bad = length - (1 << 32) if length >= 1 << 31 else length
+            raise InvalidRecords(f"bad length {bad}", pos)
+        if crc32(mv[start:stop]) & _MASK != crc:
+            raise InvalidRecords("checksum mismatch", pos)
+        if stamp:
+            pack(mv, pos + 8, msg_id)
+            msg_id += 1
+        last = pos
+        pos = stop
+        count += 1
+    return count, last
+
+
+def _uniform(buf: bytearray | bytes) -> tuple[int, int] | None:
+    """(stride, count) if every record of ``buf`` has the first record's length, else None."""
+    end = len(buf)
+    if end < HEADER_SIZE:
+        return None
+    length = _LEN_CRC.unpack_from(buf, 0)[0]
+    stride = HEADER_SIZE + length
+    n, rest = divmod(end, stride)
+    if rest or length >= 1 << 31:
+        return None
+    for k in range(4):
+        if buf[k:end:stride] != buf[k : k + 1] * n:
+            return None
+    return stride, n
+
+
+def _check_uniform(buf: bytearray | bytes, stride: int, n: int) -> None:
+    end = len(buf)
+    gathered = bytearray(4 * n)
+    for k in range(4):
+        gathered[k::4] = buf[4 + k : end : stride]
+    stored = struct.unpack(f">{n}i", gathered)
+    mv = memoryview(buf)
+    crc32 = zlib.crc32
+    length = stride - HEADER_SIZE
+    for pos, crc in zip(range(HEADER_SIZE, end, stride), stored):
+        if crc32(mv[pos : pos + length]) & _MASK != crc:
+            raise InvalidRecords("checksum mismatch", pos - HEADER_SIZE)
+
+
+def _stamp_uniform(buf: bytearray, stride: int, n: int, first_id: int) -> None:
+    """Scatter ids first_id.. into every record (requires (first_id & 0xFFF) + n <= 4096)."""
+    end = len(buf)
+    high = first_id.to_bytes(8, "big")
+    for k in range(6):
+        buf[8 + k : end : stride] = high[k : k + 1] * n
+    lo = first_id & 0xFFFF
+    buf[14:end:stride] = _LOW16[2 * lo : 2 * (lo + n) : 2]
+    buf[15:end:stride] = _LOW16[2 * lo + 1 : 2 * (lo + n) : 2]
+
+
+def _check_count(count: int) -> None:
+    if count > MAX_BATCH_RECORDS:
+        raise InvalidRecords(f"{count} records in one batch, at most {MAX_BATCH_RECORDS}")
+
+
+def count_records(buf: bytearray | bytes | memoryview) -> tuple[int, int]:
+    """Validate framing and every checksum; return (record count, last record's msg id)."""
+    if len(buf) == 0:
+        raise InvalidRecords("empty batch")
+    count, last = _walk(buf, None)
+    return count, _ID.unpack_from(buf, last + 8)[0]
+
+
+def validate_and_stamp(buf: bytearray, first_id: int) -> int:
+    """Validate ``buf`` and stamp ids ``first_id, first_id + 1, ...`` in place (one loop).
+
+    Returns the record count.  Raises :class:`InvalidRecords` (``buf`` may then be partly
+    stamped; the caller writes nothing).  At most :data:`MAX_BATCH_RECORDS` records.
+    """
+    if len(buf) == 0:
+        raise InvalidRecords("empty batch")
+    count = _walk(buf, first_id)[0]
+    _check_count(count)
+    return count
+
+
+def restamp(buf: bytearray, first_id: int) -> None:
+    """Re-stamp consecutive ids over an already validated batch (rare: see stamp_batch)."""
+    mv = memoryview(buf)
+    end = len(mv)
+    unpack = _LEN_CRC.unpack_from
+    pack = _ID.pack_into
+    pos = 0
+    msg_id = first_id
+    while pos < end:
+        pack(mv, pos + 8, msg_id)
+        msg_id += 1
+        pos += HEADER_SIZE + unpack(mv, pos)[0]
+
+
+def stamp_batch(worker: IdWorker, buf: bytearray) -> tuple[int, int]:
+    """Validate ``buf`` and stamp it with consecutive ids from ``worker``: (first id, count).
+
+    Uniform batches: validate, reserve exactly ``count`` ids, scatter them.  Mixed batches:
+    the ids are taken under the worker's lock while the single validate+stamp loop runs (it
+    holds the GIL anyway), so the count need not be known in advance; when the batch does not
+    fit in the current millisecond's remaining sequence numbers it is re-stamped from the next.
+    """
+    if len(buf) == 0:
+        raise InvalidRecords("empty batch")
+    uniform = _uniform(buf)
+    if uniform is not None:
+        stride, n = uniform
+        _check_count(n)
+        _check_uniform(buf, stride, n)
+        first = worker.reserve(n)
+        _stamp_uniform(buf, stride, n, first)
+        return first, n
+    with worker.lock:
+        first, room = worker.open_locked()
+        count = validate_and_stamp(buf, first)
+        if count > room:
+            first = worker.skip_ms_locked()
+            restamp(buf, first)
+        worker.commit_locked(count)
+    return first, count

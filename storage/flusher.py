@@ -1,0 +1,111 @@
+"""The flusher thread: group commit and MetaQ's periodic (threshold-mode) flushing.
+
+RocketMQ's GroupCommitService pattern: appends register their log with :meth:`request`; the
+thread swaps the pending set, and for each log runs :meth:`PartitionLog.sync` — one
+fdatasync per dirty segment covering every append written so far, then every waiter of that
+log is completed.  Appends arriving during the fsync wait for the next round and share it.
+
+Threshold-mode logs are also fsynced when their ``unflush_interval_ms`` has elapsed since their
+last sync (MetaQ's FlushRunner), and at once when an append reaches ``unflush_threshold``.
+
+Thread-safety: :meth:`request` may be called from any thread (one lock + condition); all
+fsyncs happen on the flusher thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from pymetaq.storage.log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+
+class Flusher:
+    """One background thread that fsyncs partition logs."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: dict[PartitionLog, None] = {}
+        self._periodic: dict[PartitionLog, None] = {}
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pymetaq-flusher", daemon=True)
+            self._thread.start()
+
+    def request(self, plog: PartitionLog) -> None:
+        """Ask for an fsync of ``plog`` as soon as possible."""
+        with self._cond:
+            if not self._pending:
+                self._cond.notify()
+            self._pending[plog] = None
+
+    def watch(self, plog: PartitionLog) -> None:
+        """Flush ``plog`` every ``unflush_interval_ms`` (threshold mode)."""
+        with self._cond:
+            self._periodic[plog] = None
+            self._cond.notify()
+
+    def unwatch(self, plog: PartitionLog) -> None:
+        with self._cond:
+            self._periodic.pop(plog, None)
+            self._pending.pop(plog, None)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def run_once(self, now: float | None = None) -> None:
+        """One round: pending logs, then due periodic ones (the thread's body; tests call it)."""
+        with self._cond:
+            pending, self._pending = self._pending, {}
+        now = time.monotonic() if now is None else now
+        for plog in pending:
+            self._sync(plog, now)
+        for plog in self._due(now):
+            self._sync(plog, now)
+
+    def _due(self, now: float) -> list[PartitionLog]:
+        with self._cond:
+            logs = list(self._periodic)
+        return [
+            p for p in logs if now - p.last_sync + 1e-9 >= p.config.unflush_interval_ms / 1000.0
+        ]
+
+    def _next_wait(self, now: float) -> float | None:
+        with self._cond:
+            logs = list(self._periodic)
+        if not logs:
+            return None
+        due: float = min(p.last_sync + p.config.unflush_interval_ms / 1000.0 for p in logs)
+        return max(0.0, due - now)
+
+    @staticmethod
+    def _sync(plog: PartitionLog, now: float) -> None:
+        if plog.closed:
+            return
+        try:
+            plog.sync(now)
+        except Exception:  # sync reports fsync errors to waiters; anything else is a bug
+            log.exception("%s: flush failed", plog.name)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping:
+                    wait = self._next_wait(time.monotonic())
+                    if wait is not None and wait <= 0:
+                        break
+                    self._cond.wait(wait)
+                if self._stopping and not self._pending:
+                    return
+            self.run_once()

@@ -1,0 +1,112 @@
+"""Segment naming, the in-memory segment record, and :class:`FileRegion`.
+
+A partition directory ``<dataPath>/<topic>-<partition>/`` holds segment files named by the
+20-digit zero-padded byte offset of their first record plus ``.meta`` (MetaQ's naming).
+Archived segments keep the name and add ``.arc`` (renamed) or ``.lz4`` (lz4 frame).
+
+Thread-safety: :class:`Segment` fields ``written``/``synced`` are mutated under the owning
+partition's lock and read racily (ints, atomic in CPython); :class:`FileRegion` owns a private
+descriptor and is used by one thread.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from pymetaq.storage.disk import SegmentFile
+
+SUFFIX = ".meta"
+ARCHIVE_SUFFIX = ".meta.arc"
+LZ4_SUFFIX = ".meta.lz4"
+_NAME = re.compile(r"^(\d{20,})\.meta$")
+
+
+def segment_name(start: int) -> str:
+    """``00000000000000001024.meta`` for a segment starting at byte 1024."""
+    return f"{start:020d}{SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """The start offset of a segment file name, or None if it is not one."""
+    m = _NAME.match(name)
+    return int(m.group(1)) if m else None
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}"
+
+
+def parse_partition_dir(name: str) -> tuple[str, int] | None:
+    """Split ``<topic>-<partition>`` at the last ``-`` (as MetaQ does)."""
+    topic, sep, part = name.rpartition("-")
+    if not sep or not topic or not part.isdigit():
+        return None
+    return topic, int(part)
+
+
+@dataclass(eq=False)
+class Segment:
+    """One segment: ``start`` offset, bytes ``written``, bytes ``synced`` (both relative)."""
+
+    start: int
+    file: SegmentFile
+    written: int = 0
+    synced: int = 0
+    capacity: int = 0  # 0 = immutable (sealed)
+    path: str = field(default="")
+
+    @property
+    def end(self) -> int:
+        return self.start + self.written
+
+    @property
+    def mutable(self) -> bool:
+        return self.capacity > 0
+
+
+class FileRegion:
+    """A slice of one segment file with its own (dup'd) descriptor, for ``sendfile``.
+
+    Retention or a roll may close or delete the segment meanwhile; the private descriptor keeps
+    the bytes readable until :meth:`close`.
+    """
+
+    __slots__ = ("fd", "length", "position")
+
+    def __init__(self, fd: int, position: int, length: int) -> None:
+        self.fd = fd
+        self.position = position
+        self.length = length
+
+    def read_bytes(self) -> bytes:
+        """The region's bytes (``os.pread`` until complete)."""
+        out = bytearray()
+        while len(out) < self.length:
+            chunk = os.pread(self.fd, self.length - len(out), self.position + len(out))
+            if not chunk:
+                raise OSError(f"segment shorter than region {self.position}+{self.length}")
+            out += chunk
+        return bytes(out)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> FileRegion:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "fd", -1) >= 0:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"FileRegion(fd={self.fd}, position={self.position}, length={self.length})"

@@ -1,0 +1,424 @@
+"""The Consumer against real broker processes: order, crashes, retries, broadcast, positions.
+
+Crash tests run a child consumer (``python -m tests.client.test_consumer_broker <mode> ...``,
+the ``__main__`` block below), SIGKILL it at seeded random points of its progress and restart
+it; the parent then checks what was processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from pymetaq.client.consumer import AsyncConsumer, Consumer, offset_entry
+from pymetaq.client.consumer_config import NoCommittedOffset, TopicPartition
+from pymetaq.client.core import BrokerSet, Message, build_records
+from pymetaq.client.protocol import BatchPutCommand
+from pymetaq.offsets import FileOffsetStore, OffsetEntry, SqlOffsetStore, open_offset_store
+from tests._broker import BrokerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPICS = {
+    "order": {"numPartitions": 3},
+    "crash": {"numPartitions": 2},
+    "misc": {"numPartitions": 1},
+    "fail": {"numPartitions": 1},
+    "bcast": {"numPartitions": 2},
+    "big": {"numPartitions": 1},
+}
+FAST = dict(max_delay_fetch_ms=100, long_poll_ms=200, commit_interval=0.1)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    with BrokerProcess.start(tmp_path_factory.mktemp("cbroker"), topics=TOPICS) as b:
+        yield b
+
+
+def server(b: BrokerProcess) -> str:
+    return f"meta://{b.host}:{b.port}"
+
+
+def produce(b: BrokerProcess, topic: str, partition: int, values: list[bytes]) -> list[int]:
+    """bput ``values`` in batches of 500; returns the offset of each batch's first record."""
+
+    async def go() -> list[int]:
+        bs = BrokerSet(server(b))
+        await bs.start()
+        try:
+            conn = await bs.connection(0)
+            firsts = []
+            for i in range(0, len(values), 500):
+                chunk = values[i : i + 500]
+                cmd = BatchPutCommand(topic, partition, build_records(chunk), len(chunk))
+                reply = await conn.request(cmd, 30)
+                assert reply.code == 200, reply  # type: ignore[union-attr]
+                firsts.append(int(reply.body.split()[2]))  # type: ignore[union-attr]
+            return firsts
+        finally:
+            bs.close()
+
+    return asyncio.run(go())
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout} s")
+        time.sleep(0.01)
+
+
+# ---------------------------------------------------------------- order, positions
+
+
+def test_per_partition_order_listener_mode(broker: BrokerProcess, tmp_path: Path) -> None:
+    sent = {p: [b"o%d-%05d" % (p, i) for i in range(1500)] for p in range(3)}
+    for p, values in sent.items():
+        produce(broker, "order", p, values)
+    got: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
+    ids: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    active: dict[int, int] = {0: 0, 1: 0, 2: 0}
+    overlap: list[int] = []
+    lock = threading.Lock()
+
+    def listener(m: Message) -> None:
+        with lock:
+            active[m.partition] += 1
+            if active[m.partition] > 1:
+                overlap.append(m.partition)
+        got[m.partition].append(m.value)
+        ids[m.partition].append(m.id)
+        with lock:
+            active[m.partition] -= 1
+
+    store = FileOffsetStore(tmp_path / "o.json")
+    with Consumer(server(broker), "ord", store, fetch_max_size=4096, **FAST) as c:
+        c.subscribe("order", listener)
+        c.start()
+        wait_for(lambda: sum(map(len, got.values())) >= 4500, what="all messages")
+    assert got == sent  # everything, exactly once here, in log order per partition
+    assert all(ids[p] == sorted(ids[p]) for p in ids)
+    assert not overlap  # a partition's listener calls never overlap
+    ends = {e.partition: e.offset for e in store.load_all("ord")}
+    assert ends == {f"0-{p}": sum(20 + len(v) for v in sent[p]) for p in range(3)}
+
+
+def test_initial_positions_seek_and_301(broker: BrokerProcess, tmp_path: Path) -> None:
+    values = [b"pos-%03d" % i for i in range(10)]
+    produce(broker, "misc", 0, values)
+    tp = TopicPartition("misc", 0, 0)
+    store = FileOffsetStore(tmp_path / "o.json")
+
+    def drain(c: Consumer, n: int) -> list[Message]:
+        out: list[Message] = []
+        deadline = time.monotonic() + 30
+        while len(out) < n and time.monotonic() < deadline:
+            out += c.poll(0.2)
+        return out
+
+    with Consumer(server(broker), "early", store, **FAST) as c:  # auto, grouped = earliest
+        c.subscribe("misc")
+        got = drain(c, 10)
+        assert [m.value for m in got] == values
+        c.seek(tp, got[4].offset)
+        assert [m.value for m in drain(c, 6)] == values[4:]
+        c.seek(tp, got[-1].next_offset + 1_000_000)  # beyond the end: 301 -> moved to the end
+        assert c.poll(0.3) == []
+        assert c.position(tp) == got[-1].next_offset and c.stats["moved"] >= 1
+    with Consumer(server(broker), "late", store, initial_position="latest", **FAST) as c:
+        c.subscribe("misc")
+        assert c.poll(0.3) == []
+        produce(broker, "misc", 0, [b"pos-new"])
+        assert [m.value for m in drain(c, 1)] == [b"pos-new"]
+    with (
+        pytest.raises(NoCommittedOffset),
+        Consumer(server(broker), "nothing", store, initial_position="none") as c,
+    ):
+        c.subscribe("misc").poll(0.1)
+    with Consumer(server(broker), None, **FAST) as c:  # ungrouped auto = latest
+        c.subscribe("misc")
+        assert c.poll(0.3) == []
+    # a restarted group resumes where it committed
+    with Consumer(server(broker), "early", store, **FAST) as c:
+        c.subscribe("misc")
+        assert [m.value for m in drain(c, 1)] == [b"pos-new"]
+
+
+def test_real_301_moves_the_offset(tmp_path: Path) -> None:
+    """A broker with updateConsumerOffsets answers 301 beyond the end; the consumer jumps."""
+    with BrokerProcess.start(
+        tmp_path, system={"updateConsumerOffsets": "true"}, topics={"m": {}}
+    ) as b:
+        produce(b, "m", 0, [b"one", b"two"])
+        tp = TopicPartition("m", 0, 0)
+        with Consumer(server(b), None, initial_position="earliest", **FAST) as c:
+            c.subscribe("m")
+            c.seek(tp, 10_000)
+            got: list[Message] = []
+            deadline = time.monotonic() + 30
+            while c.stats["moved"] == 0 and time.monotonic() < deadline:
+                got += c.poll(0.2)
+            assert got == [] and c.stats["moved"] == 1
+            assert c.position(tp) == 2 * 23  # the end
+            c.seek(tp, 0)
+            while len(got) < 2 and time.monotonic() < deadline:
+                got += c.poll(0.2)
+            assert [m.value for m in got] == [b"one", b"two"]
+
+
+def test_max_size_grows_for_a_big_record(broker: BrokerProcess) -> None:
+    big = os.urandom(5000)
+    produce(broker, "big", 0, [b"small", big, b"after"])
+
+    async def go() -> list[bytes]:
+        async with AsyncConsumer(
+            server(broker), None, initial_position="earliest", fetch_max_size=64, **FAST
+        ) as c:
+            c.subscribe("big")
+            out: list[bytes] = []
+            while len(out) < 3:
+                out += [m.value for m in await c.poll(5.0)]
+            assert c.stats["grown"] >= 1
+            return out
+
+    assert asyncio.run(go()) == [b"small", big, b"after"]
+
+
+# ---------------------------------------------------------------- failures, spool, broadcast
+
+
+def test_failing_listener_attempts_spool_and_redelivery(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    produce(broker, "fail", 0, [b"ok-1", b"poison", b"ok-2"])
+    attempts = {"poison": 0}
+    healed = threading.Event()
+    seen: list[bytes] = []
+
+    def listener(m: Message) -> None:
+        if m.value == b"poison" and not healed.is_set():
+            attempts["poison"] += 1
+            raise RuntimeError("cannot process yet")
+        seen.append(m.value)
+
+    store = FileOffsetStore(tmp_path / "o.json")
+    kw = dict(FAST, max_fetch_retries=3, recover_dir=str(tmp_path / "rec"))
+    with Consumer(server(broker), "fg", store, recover_interval=3600, **kw) as c:
+        c.subscribe("fail", listener)
+        c.start()
+        wait_for(lambda: seen == [b"ok-1", b"ok-2"], what="the partition moves past the poison")
+    assert attempts["poison"] == 1 + 3
+    assert any((tmp_path / "rec" / "fail@fg").glob("*.spool"))
+    healed.set()
+    with Consumer(server(broker), "fg", store, recover_interval=0.1, **kw) as c:  # a restart
+        c.subscribe("fail", listener)
+        c.start()
+        wait_for(lambda: b"poison" in seen, what="redelivery from the spool")
+    assert seen == [b"ok-1", b"ok-2", b"poison"]  # the log itself was not re-read
+
+
+def test_broadcast_every_instance_gets_everything(broker: BrokerProcess, tmp_path: Path) -> None:
+    values = {p: [b"b%d-%d" % (p, i) for i in range(300)] for p in range(2)}
+    for p, v in values.items():
+        produce(broker, "bcast", p, v)
+    store = FileOffsetStore(tmp_path / "o.json")
+    got: dict[str, list[bytes]] = {"a": [], "b": []}
+    consumers = []
+    for inst in ("a", "b"):
+        c = Consumer(server(broker), "news", store, broadcast=True, instance_id=inst, **FAST)
+        c.subscribe("bcast", lambda m, inst=inst: got[inst].append(m.value))
+        consumers.append(c)
+    for c in consumers:
+        c.start()
+    wait_for(lambda: all(len(v) == 600 for v in got.values()), what="both instances")
+    for c in consumers:
+        c.close()
+    for inst in ("a", "b"):
+        assert sorted(got[inst]) == sorted(values[0] + values[1])
+        assert {e.partition for e in store.load_all(f"news-{inst}")} == {"0-0", "0-1"}
+    assert store.load_all("news") == []
+
+
+# ---------------------------------------------------------------- crash tests (child process)
+
+
+def spawn(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.client.test_consumer_broker", *args],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def kill_loop(
+    rng: random.Random,
+    start: Callable[[], subprocess.Popen[bytes]],
+    progress: Callable[[], int],
+    total: int,
+    kills: int,
+) -> None:
+    """Start, SIGKILL after a random amount of progress, repeat; then run to completion."""
+    for _ in range(kills):
+        before = progress()
+        child = start()
+        target = min(before + rng.randint(1, total // (kills + 1)), total - 1)
+        try:
+            wait_for(
+                lambda t=target, ch=child: progress() >= t or ch.poll() is not None, 60, "progress"
+            )
+            assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(30)
+            if child.stderr:
+                child.stderr.close()
+    child = start()
+    try:
+        wait_for(lambda: progress() >= total or child.poll() is not None, 120, "completion")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        if child.stderr:
+            child.stderr.close()
+
+
+def store_spec(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if kind == "file":
+        return "file:" + str(tmp_path / "offsets.json")
+    if kind == "sqlite":
+        return "sqlite:///" + str(tmp_path / "offsets.db")
+    return str(request.getfixturevalue("pg_url"))
+
+
+KINDS = [
+    pytest.param("file"),
+    pytest.param("sqlite"),
+    pytest.param("postgresql", marks=pytest.mark.pg),
+]
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("kind", KINDS)
+def test_kill9_at_least_once(
+    broker: BrokerProcess, tmp_path: Path, seed: int, kind: str, request: pytest.FixtureRequest
+) -> None:
+    rng = random.Random(seed)
+    spec = store_spec(kind, tmp_path, request)
+    group = f"crash-{kind}"
+    values = {p: [b"c-%s-%d-%05d" % (kind.encode(), p, i) for i in range(1200)] for p in range(2)}
+    for p, v in values.items():
+        produce(broker, "crash", p, v)
+    out = tmp_path / "processed.txt"
+    out.touch()
+    mine = set(values[0] + values[1])
+
+    def progress() -> int:
+        return len(set(out.read_bytes().split(b"\n")) & mine)
+
+    kill_loop(
+        rng,
+        lambda: spawn("atleast", server(broker), spec, group, str(out)),
+        progress,
+        len(mine),
+        kills=3,
+    )
+    lines = [x for x in out.read_bytes().split(b"\n") if x in mine]
+    assert set(lines) == mine  # none skipped (duplicates are allowed: at-least-once)
+    for p in range(2):  # and each run processed a partition in log order
+        seq = [x for x in lines if x.startswith(b"c-%s-%d-" % (kind.encode(), p))]
+        assert seq[-1] == values[p][-1]
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(
+    "kind", [pytest.param("sqlite"), pytest.param("postgresql", marks=pytest.mark.pg)]
+)
+def test_kill9_exactly_once_with_commit_in(
+    broker: BrokerProcess, tmp_path: Path, seed: int, kind: str, request: pytest.FixtureRequest
+) -> None:
+    rng = random.Random(seed)
+    url = store_spec(kind, tmp_path, request)
+    group = f"xo-{kind}"
+    values = [b"x-%s-%05d" % (kind.encode(), i) for i in range(600)]
+    first_offset = produce(broker, "misc", 0, values)[0]
+    engine = sa.create_engine(url)
+    BUSINESS.create_all(engine)
+
+    def rows() -> list[str]:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.select(PAYMENTS.c.payload)).scalars())
+
+    # the group starts at the first of our messages (the topic holds other tests' messages)
+    store = SqlOffsetStore(url)
+    store.reset(group, [OffsetEntry("misc", "0-0", first_offset, -1)])
+    store.close()
+    kill_loop(
+        rng,
+        lambda: spawn("exactly", server(broker), url, group),
+        lambda: len(rows()),
+        len(values),
+        kills=4,
+    )
+    got = rows()
+    engine.dispose()
+    assert sorted(got) == sorted(v.decode() for v in values)  # no gap
+    assert len(got) == len(set(got))  # no duplicate
+
+
+BUSINESS = sa.MetaData()
+PAYMENTS = sa.Table(
+    "payments",
+    BUSINESS,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("payload", sa.String(64), nullable=False),
+)
+
+
+# ---------------------------------------------------------------- child process
+
+
+def _child_atleast(srv: str, spec: str, group: str, out: str) -> None:
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND)
+    store = open_offset_store(spec)
+
+    def listener(m: Message) -> None:
+        os.write(fd, m.value + b"\n")
+
+    c = Consumer(srv, group, store, fetch_max_size=2048, **FAST)
+    c.subscribe("crash", listener)
+    c.start()
+    threading.Event().wait()
+
+
+def _child_exactly(srv: str, url: str, group: str) -> None:
+    store = SqlOffsetStore(url)
+    engine = store.engine
+
+    def listener(m: Message) -> None:
+        with engine.begin() as conn:
+            conn.execute(PAYMENTS.insert().values(payload=m.value.decode()))
+            store.commit_in(conn, group, [offset_entry(m)])
+
+    c = Consumer(srv, group, store, enable_auto_commit=False, fetch_max_size=1024, **FAST)
+    c.subscribe("misc", listener)
+    c.start()
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    mode, *rest = sys.argv[1:]
+    {"atleast": _child_atleast, "exactly": _child_exactly}[mode](*rest)

@@ -1,0 +1,188 @@
+"""BrokerConnection against a scripted asyncio server: opaque matching, timeouts, lost
+connections; LoopThread basics; the accumulator and partitioner without a broker."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import zlib
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from pymetaq.client.accumulator import Accumulator
+from pymetaq.client.connection import BrokerConnection, LoopThread, raise_for_reply
+from pymetaq.client.errors import (
+    ClientClosed,
+    ConnectionLost,
+    NoBrokerAvailable,
+    OffsetOutOfRange,
+    RequestTimeout,
+    UnknownTopicOrPartition,
+)
+from pymetaq.client.message import Partition, decode_messages
+from pymetaq.client.partitioner import (
+    OutgoingMessage,
+    RoundRobin,
+    key_hash_index,
+    resolve_custom,
+    resolve_explicit,
+)
+from pymetaq.client.protocol import (
+    NEED_DATA,
+    Parser,
+    ResultReply,
+    Role,
+    StatsCommand,
+    VersionCommand,
+    encode,
+)
+
+Handler = Callable[[list[object], asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _serve(handler: Handler) -> tuple[asyncio.base_events.Server, int]:
+    """A server that parses requests and passes each to ``handler(seen, writer)``."""
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        parser = Parser(Role.SERVER)
+        seen: list[object] = []
+        try:
+            while data := await reader.read(65536):
+                parser.feed(data)
+                while (ev := parser.next_event()) is not NEED_DATA:
+                    seen.append(ev)
+                    await handler(seen, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_client, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_replies_are_matched_by_opaque_even_out_of_order() -> None:
+    async def handler(seen: list[object], w: asyncio.StreamWriter) -> None:
+        if len(seen) == 3:  # answer the three requests in reverse order
+            for ev in reversed(seen):
+                assert isinstance(ev, StatsCommand)
+                w.write(encode(ResultReply(200, ev.item.encode(), ev.opaque)))
+            await w.drain()
+
+    async def main() -> list[bytes]:
+        server, port = await _serve(handler)
+        async with server:
+            conn = await BrokerConnection.open("127.0.0.1", port)
+            futs = [conn.send_request(StatsCommand(item, 0)) for item in ("a", "b", "c")]
+            replies = await asyncio.gather(*futs)
+            conn.close()
+            return [r.body for r in replies]  # type: ignore[union-attr]
+
+    assert asyncio.run(main()) == [b"a", b"b", b"c"]
+
+
+def test_timeout_then_lost_connection_fail_pending_requests() -> None:
+    async def silent(seen: list[object], w: asyncio.StreamWriter) -> None:
+        if len(seen) == 3:
+            w.close()  # drop the connection with requests pending
+
+    async def main() -> None:
+        server, port = await _serve(silent)
+        async with server:
+            conn = await BrokerConnection.open("127.0.0.1", port)
+            with pytest.raises(RequestTimeout):
+                await conn.request(VersionCommand(0), timeout=0.05)
+            pending = [conn.send_request(VersionCommand(0), timeout=30) for _ in range(2)]
+            for fut in pending:
+                with pytest.raises(ConnectionLost) as e:
+                    await fut
+                assert e.value.retriable
+            assert conn.closed
+            with pytest.raises(ConnectionLost):
+                await conn.request(VersionCommand(0))
+
+    asyncio.run(main())
+
+
+def test_connect_failure_is_no_broker_available() -> None:
+    async def main() -> None:
+        with pytest.raises(NoBrokerAvailable):
+            await BrokerConnection.open("127.0.0.1", 1, connect_timeout=1)
+
+    asyncio.run(main())
+
+
+def test_raise_for_reply_maps_codes() -> None:
+    with pytest.raises(OffsetOutOfRange) as e:
+        raise_for_reply(ResultReply(301, b"77", 1))
+    assert e.value.new_offset == 77
+    ok = ResultReply(200, b"x", 1)
+    assert raise_for_reply(ok) is ok
+
+
+def test_loop_thread_runs_and_closes() -> None:
+    lt = LoopThread()
+
+    async def add(a: int, b: int) -> int:
+        await asyncio.sleep(0)
+        return a + b
+
+    assert lt.run(add(1, 2), 5) == 3
+    assert lt.submit(add(2, 2)).result(5) == 4
+    with pytest.raises(RequestTimeout):
+        lt.run(asyncio.sleep(10), 0.05)
+    lt.close()
+    with pytest.raises(ClientClosed):
+        lt.submit(add(1, 1))
+
+
+def _acc(**kw: object) -> tuple[Accumulator, list[int]]:
+    wakes: list[int] = []
+    args: dict[str, object] = dict(
+        batch_messages=3, batch_bytes=1 << 20, linger_s=10.0, buffer_bytes=1 << 30,
+        future_factory=concurrent.futures.Future, wake=lambda: wakes.append(1),
+    )  # fmt: skip
+    args.update(kw)
+    return Accumulator(**args), wakes  # type: ignore[arg-type]
+
+
+def test_accumulator_batches_per_partition_and_closes_full_batches() -> None:
+    acc, wakes = _acc()
+    p0, p1 = Partition(0, 0), Partition(0, 1)
+    hs = [acc.append("t", p0 if i % 2 == 0 else p1, f"v{i}".encode(), None) for i in range(8)]
+    q0, q1 = acc.queues[("t", p0)], acc.queues[("t", p1)]
+    assert [b.count for b in q0] == [3, 1] and [b.count for b in q1] == [3, 1]
+    assert [b.open for b in q0] == [False, True]
+    assert len(wakes) == 1  # coalesced until the sender runs
+    body = b"".join(q0[0].parts)
+    msgs, _ = decode_messages(body, "t", 0, 0)
+    assert [m.value for m in msgs] == [b"v0", b"v2", b"v4"]
+    # a handle knows its position inside the batch
+    b = q0[0]
+    b.first_id, b.offset = 100, 4000
+    b.fut.set_result(None)
+    r = hs[2].result(0)  # third message of partition 0 = index 1 in its batch
+    assert (r.success, r.msg_id, r.offset) == (True, 101, 4000 + 22)
+
+
+def test_accumulator_buffer_limit_blocks_then_times_out() -> None:
+    acc, _ = _acc(buffer_bytes=100)
+    acc.append("t", Partition(0, 0), b"x" * 60, None)
+    with pytest.raises(RequestTimeout):
+        acc.append("t", Partition(0, 0), b"y" * 60, None, block_s=0.05)
+
+
+def test_partitioner_helpers() -> None:
+    parts = [Partition(0, 0), Partition(0, 1), Partition(1, 0)]
+    rr = RoundRobin()
+    assert [rr(3) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert key_hash_index(b"abc", 3) == zlib.crc32(b"abc") % 3
+    assert resolve_explicit("t", parts, "1-0") == 2
+    assert resolve_explicit("t", parts, Partition(0, 1)) == 1
+    assert resolve_explicit("t", parts, 0) == 0
+    for bad in (3, "2-0", -1):
+        with pytest.raises(UnknownTopicOrPartition):
+            resolve_explicit("t", parts, bad)
+    msg = OutgoingMessage("t", b"v", None, None)
+    assert resolve_custom(lambda t, ps, m: ps[-1], "t", parts, msg) == 2
+    with pytest.raises(UnknownTopicOrPartition):
+        resolve_custom(lambda t, ps, m: 9, "t", parts, msg)
