@@ -213,7 +213,10 @@ class OpenLoop:
 
 def filler(msg_bytes: int) -> bytes:
     """Random (incompressible) payload of ``msg_bytes`` bytes, made once per size."""
-    return _FILLERS.setdefault(msg_bytes, os.urandom(msg_bytes))
+    data = _FILLERS.get(msg_bytes)
+    if data is None:  # not setdefault: that would call os.urandom on every message
+        data = _FILLERS[msg_bytes] = os.urandom(msg_bytes)
+    return data
 
 
 _FILLERS: dict[int, bytes] = {}

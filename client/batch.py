@@ -11,24 +11,35 @@ run of consecutive messages in one batch). A result is computed on demand:
 ``msg_id = first_id + index``, ``offset = batch_offset + bytes before it``; in an lz4 batch
 every message shares the outer record's offset and id.
 
+Completion callbacks (``add_done_callback`` of either handle) are kept on the batch, not on
+its future, and the list is dropped once they ran: a callback refers to its handle, the handle
+to the batch, so callbacks stored on a ``concurrent.futures.Future`` (which never clears them)
+made every batch a reference cycle only the cyclic GC could free. At 100k msgs/s those cycles
+filled the old generation and full collections stalled the producer for 20-30 ms each.
+
 Thread-safety: the appendable fields of a batch are written under the accumulator's lock; the
 outcome fields by the sender (loop thread) before the future completes, so readers that wait
-on the future see them.
+on the future see them; the callback list is guarded by one module lock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
+from functools import partial
 from typing import Any
 
 from pymetaq.client.errors import MetaClientError
 from pymetaq.client.message import Partition, SendResult
 
 AnyFuture = concurrent.futures.Future[None] | asyncio.Future[None]
+
+log = logging.getLogger(__name__)
+_CALLBACKS_LOCK = threading.Lock()
 
 
 class Batch:
@@ -37,6 +48,7 @@ class Batch:
     __slots__ = (
         "attempts",
         "body",
+        "callbacks",
         "compressed",
         "count",
         "created",
@@ -70,6 +82,28 @@ class Batch:
         self.offset = -1
         self.sent_at = 0.0
         self.error: MetaClientError | None = None
+        self.callbacks: list[Callable[[], object]] | None = []  # None once completed
+
+    def add_callback(self, fn: Callable[[], object]) -> None:
+        """``fn()`` once the batch completed (now, on this thread, if it already has)."""
+        with _CALLBACKS_LOCK:
+            callbacks = self.callbacks
+            if callbacks is not None:
+                callbacks.append(fn)
+                return
+        fn()
+
+    def complete(self) -> None:
+        """Complete the future (if not yet done) and run the callbacks, once (loop thread)."""
+        if not self.fut.done():
+            self.fut.set_result(None)
+        with _CALLBACKS_LOCK:
+            callbacks, self.callbacks = self.callbacks, None
+        for fn in callbacks or ():
+            try:
+                fn()
+            except Exception:
+                log.exception("send callback %r raised", fn)
 
     def __repr__(self) -> str:
         return f"Batch({self.topic}@{self.partition.key}, count={self.count}, bytes={self.nbytes})"
@@ -136,11 +170,14 @@ class SendHandle:
         return self._batch.result_for(self._index, self._rel)
 
     def exception(self, timeout: float | None = None) -> MetaClientError | None:
+        b = self._batch
+        if b.fut.done():  # the common case in a callback: no SendResult needed
+            return b.error
         return self.result(timeout).error
 
     def add_done_callback(self, fn: Callable[[SendHandle], object]) -> None:
         """``fn(handle)`` once acknowledged or failed (on the producer's I/O thread)."""
-        self._batch.fut.add_done_callback(lambda _f: fn(self))
+        self._batch.add_callback(partial(fn, self))
 
     def __await__(self) -> Generator[Any, None, SendResult]:
         yield from _await(self._batch.fut)
@@ -206,7 +243,7 @@ class BatchHandle:
         remaining = [len(batches)]
         lock = threading.Lock()
 
-        def one(_f: object) -> None:
+        def one() -> None:
             with lock:
                 remaining[0] -= 1
                 last = remaining[0] == 0
@@ -216,7 +253,7 @@ class BatchHandle:
         if not batches:
             fn(self)
         for b in batches:
-            b.fut.add_done_callback(one)
+            b.add_callback(one)
 
     def result(self, timeout: float | None = None) -> list[SendResult]:
         self.wait(timeout)

@@ -21,6 +21,14 @@ attempt``); after ``1 + max_fetch_retries`` attempts the message goes to the rej
 moves on. Without ZooKeeper a consumer owns every partition of its topics; ``assign()`` is the
 seam for group rebalancing (cluster issue).
 
+Throughput: a fetch buffers one reply (up to ``fetch_max_size``, 1 MiB = MetaQ's
+``maxTransferSize``) and sends the next ``get`` at once (read-ahead), so the network and the
+broker work while the application processes the buffer. Memory per owned partition: the
+buffer, one raw reply read ahead and (poll mode) the batch the caller still holds, each at
+most ``fetch_max_size_cap`` bytes. Listener mode calls the listener in chunks of 256 with
+nothing else per message; positions are updated per chunk (and at a failure), and a
+``close()`` or ``seek()`` is noticed between chunks.
+
 Thread-safety: ``Consumer`` methods may be called from any thread; listener calls come from
 the consumer's worker threads (``fetch_runner_count`` of them), one partition at a time.
 ``AsyncConsumer`` belongs to the loop it is used on.
@@ -28,20 +36,17 @@ the consumer's worker threads (``fetch_runner_count`` of them), one partition at
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import contextlib
-import dataclasses
 import heapq
 import itertools
 import logging
 import os
 import threading
 import time
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from pymetaq.client.consumer_async import AsyncConsumer
 from pymetaq.client.consumer_batch import MessageBatch, Messages
 from pymetaq.client.consumer_config import (
     ConsumerConfig,
@@ -50,13 +55,12 @@ from pymetaq.client.consumer_config import (
     NoCommittedOffset,
     NotAssigned,
     TopicPartition,
-    effective_group,
 )
-from pymetaq.client.consumer_engine import ConsumerEngine
-from pymetaq.client.consumer_fetch import BrokerTransport, ConsumerTransport, PartitionState
+from pymetaq.client.consumer_engine import build_engine
+from pymetaq.client.consumer_fetch import ConsumerTransport, PartitionState
 from pymetaq.client.consumer_recover import DropPolicy, Listener, LocalRecoverPolicy, RejectPolicy
 from pymetaq.client.core import ClientClosed, LoopThread, Message
-from pymetaq.offsets import FileOffsetStore, OffsetEntry, OffsetStore
+from pymetaq.offsets import OffsetEntry, OffsetStore
 
 __all__ = [
     "AsyncConsumer",
@@ -77,25 +81,10 @@ __all__ = [
 
 log = logging.getLogger("pymetaq.client.consumer")
 
-
-def _build(
-    servers: str | list[str],
-    group: str | None,
-    offset_store: OffsetStore | None,
-    config: ConsumerConfig | None,
-    transport: ConsumerTransport | None,
-    overrides: dict[str, Any],
-) -> tuple[ConsumerEngine, bool]:
-    cfg = config or ConsumerConfig()
-    if overrides:
-        cfg = dataclasses.replace(cfg, **overrides)
-    eff = effective_group(group, cfg)
-    owned = False
-    if eff is not None and offset_store is None:
-        offset_store = FileOffsetStore(Path.home() / ".pymetaq_offsets")
-        owned = True
-    tr = transport if transport is not None else BrokerTransport(servers, cfg)
-    return ConsumerEngine(tr, eff, offset_store if eff is not None else None, cfg), owned
+#: listener mode: messages delivered between two checks for close()/seek() and two updates of
+#: the partition's position (a commit never covers a message whose listener call has not
+#: returned; a seek or close is noticed within this many calls).
+_CHUNK = 256
 
 
 def offset_entry(message: Message) -> OffsetEntry:
@@ -149,7 +138,7 @@ class Consumer:
         transport: ConsumerTransport | None = None,
         **overrides: Any,
     ) -> None:
-        self._engine, self._owns_store = _build(
+        self._engine, self._owns_store = build_engine(
             servers, group, offset_store, config, transport, overrides
         )
         self.config = self._engine.config
@@ -164,6 +153,7 @@ class Consumer:
         self._workers: list[threading.Thread] = []
         self._inflight: set[concurrent.futures.Future[Any]] = set()
         self._stop = threading.Event()
+        self._stopping = False  # mirrors _stop for the per-message check (no call)
         self._committer: threading.Thread | None = None
         self._started = self._closed = False
         self.failures = 0  # listener exceptions seen
@@ -236,7 +226,9 @@ class Consumer:
     def _process(self, st: PartitionState) -> float:
         st.apply_pending_seek()
         if st.buffered == 0:
-            fut = self._lt.submit(self._engine.fetch_round(st))
+            # with read-ahead: the next get is sent before this returns, and its reply is
+            # read while the listener runs (at most one reply ahead per partition)
+            fut = self._lt.submit(self._engine.fetch_ahead(st))
             self._inflight.add(fut)
             try:
                 fut.result()
@@ -247,29 +239,47 @@ class Consumer:
         return self._deliver(st)
 
     def _deliver(self, st: PartitionState) -> float:
+        """Call the listener for each buffered message in order; the delay before the next
+        visit (a retry backoff after a failure, else 0).
+
+        Messages go out in chunks of ``_CHUNK`` with nothing per message but the call: the
+        position, index and counters are updated once per chunk (and at a failure), and a
+        close or seek is noticed between chunks.
+        """
         listener = self._listeners[st.tp.topic]
-        cfg = self.config
-        while st.index < len(st.buffer):
-            if self._stop.is_set() or st.pending_seek is not None:
+        buf = st.buffer
+        n = len(buf)
+        while st.index < n:
+            if self._stopping or st.pending_seek is not None:
                 return 0.0
-            m = st.buffer[st.index]
+            i = st.index
+            j = min(i + _CHUNK, n)
+            it = iter(buf[i:j])
             try:
-                listener(m)
+                for m in it:
+                    listener(m)
             except Exception as e:
-                self.failures += 1
-                st.attempts += 1
-                if st.attempts <= cfg.max_fetch_retries:
-                    log.info(
-                        "%s: listener failed on offset %s (attempt %s): %r",
-                        st.tp,
-                        m.offset,
-                        st.attempts,
-                        e,
-                    )
-                    return float(cfg.max_delay_fetch_ms / 10 * st.attempts / 1000)
-                self._reject.reject(m, e)
-            st.consume_head()
+                k = j - 1 - sum(1 for _ in it)  # the failed message's index
+                if k > i:
+                    st.consumed_through(k - 1)
+                if self._failed(st, buf[k], e):
+                    return float(self.config.max_delay_fetch_ms / 10 * st.attempts / 1000)
+                st.consumed_through(k)
+                continue
+            st.consumed_through(j - 1)
         return 0.0
+
+    def _failed(self, st: PartitionState, m: Message, e: Exception) -> bool:
+        """A listener failure on ``m``: True to retry it later, False once it was rejected."""
+        self.failures += 1
+        st.attempts += 1
+        if st.attempts <= self.config.max_fetch_retries:
+            log.info(
+                "%s: listener failed on offset %s (attempt %s): %r", st.tp, m.offset, st.attempts, e
+            )
+            return True
+        self._reject.reject(m, e)
+        return False
 
     # ---------------------------------------------------------------- poll mode
 
@@ -282,7 +292,16 @@ class Consumer:
             raise ConsumerError("poll() is for consumers subscribed without a listener")
         self._open()
         limit = max_records or self.config.max_poll_records
-        msgs: Messages = self._lt.run(self._engine.poll(timeout_s, limit))
+        fut = self._lt.submit(self._engine.poll(timeout_s, limit))
+        try:
+            msgs: Messages = fut.result()
+        except BaseException:
+            # interrupted (Ctrl-C): a result we never got must not count as consumed; the
+            # rewind runs on the loop after the poll ends or is cancelled (FIFO order)
+            fut.cancel()
+            self._lt.call_soon(self._engine.rewind_unclaimed)
+            raise
+        self._engine.claim()
         return msgs
 
     # ---------------------------------------------------------------- positions
@@ -349,6 +368,7 @@ class Consumer:
             if self._closed:
                 return
             self._closed = True
+        self._stopping = True
         self._stop.set()
         self._schedule.stop()
         for fut in list(self._inflight):
@@ -365,7 +385,7 @@ class Consumer:
         finally:
             self._reject.close()
             try:
-                self._lt.run(_shutdown(self._engine), timeout=10)
+                self._lt.run(self._engine.shutdown(), timeout=10)
             finally:
                 self._lt.close()
                 if self._owns_store and self._engine.store is not None:
@@ -382,114 +402,3 @@ class Consumer:
 
 async def _noop() -> None:
     return None
-
-
-async def _shutdown(engine: ConsumerEngine) -> None:
-    await engine.cancel_fetches()
-    engine.transport.close()
-
-
-class AsyncConsumer:
-    """The asyncio face: ``subscribe``, ``await poll()``, ``await commit()``, ``await close()``."""
-
-    def __init__(
-        self,
-        servers: str | list[str] = "",
-        group: str | None = None,
-        offset_store: OffsetStore | None = None,
-        *,
-        config: ConsumerConfig | None = None,
-        transport: ConsumerTransport | None = None,
-        **overrides: Any,
-    ) -> None:
-        self._engine, self._owns_store = _build(
-            servers, group, offset_store, config, transport, overrides
-        )
-        self.config = self._engine.config
-        self.group = self._engine.group
-        self._committer: Any = None
-        self._closed = False
-
-    def subscribe(self, topic: str) -> AsyncConsumer:
-        if self._engine.opened:
-            raise ConsumerError("subscribe() must come before the first poll()")
-        if topic not in self._engine.topics:
-            self._engine.topics.append(topic)
-        return self
-
-    async def start(self) -> None:
-        """Connect and position (the first ``poll()`` does it if not called)."""
-        if self._closed:
-            raise ClientClosed("consumer is closed")
-        if self._engine.opened:
-            return
-        await self._engine.open()
-        if self.config.enable_auto_commit and self.group is not None:
-            self._committer = asyncio.ensure_future(self._commit_loop())
-
-    async def _commit_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.commit_interval)
-            try:
-                await asyncio.to_thread(self._engine.commit_now)
-            except Exception:
-                log.exception("periodic offset commit failed")
-
-    async def poll(self, timeout_s: float = 1.0, max_records: int = 0) -> Messages:
-        await self.start()
-        limit = max_records or self.config.max_poll_records
-        msgs: Messages = await self._engine.poll(timeout_s, limit)
-        return msgs
-
-    async def commit(self) -> None:
-        if self._engine.opened:
-            self._engine.mark_returned_consumed()
-            await asyncio.to_thread(self._engine.commit_now)
-
-    def assignment(self) -> list[TopicPartition]:
-        return list(self._engine.states)
-
-    async def assign(self, partitions: list[TopicPartition]) -> None:
-        await self.start()
-        await self._engine.assign(partitions)
-
-    def position(self, tp: TopicPartition) -> int:
-        return int(self._engine.state(tp).position)
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self._engine.state(tp).request_seek(offset)
-
-    async def seek_to_beginning(self, tp: TopicPartition) -> None:
-        self.seek(tp, await self._engine.bound(tp, end=False))
-
-    async def seek_to_end(self, tp: TopicPartition) -> None:
-        self.seek(tp, await self._engine.bound(tp, end=True))
-
-    @property
-    def stats(self) -> dict[str, int]:
-        return dict(self._engine.counters)
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._committer is not None:
-            self._committer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._committer
-        try:
-            if self._engine.opened and self.config.enable_auto_commit:
-                self._engine.mark_returned_consumed()
-                await asyncio.to_thread(self._engine.commit_now)
-        finally:
-            await _shutdown(self._engine)
-            if self._owns_store and self._engine.store is not None:
-                self._engine.store.close()
-
-    async def __aenter__(self) -> AsyncConsumer:
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()

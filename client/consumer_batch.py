@@ -1,109 +1,77 @@
-"""Lazy message batches: what ``poll()`` returns and what a partition buffers.
+"""Message batches: what ``poll()`` returns and what a partition buffers.
 
-A fetch reply is checked eagerly (every record's header and CRC, in one tight loop) but its
-:class:`~pymetaq.client.core.Message` objects are built only when accessed: building one costs
-more than checking its CRC (measured: scan with eager messages 0.98 M msgs/s, positions only
-2.6 M msgs/s, 100-byte records). A consumer that needs only payloads uses ``values()`` and never
+A fetch reply is checked eagerly by :func:`~pymetaq.client.consumer_scan.scan` (every record's
+header and CRC) which keeps, per plain record, its offset, id and payload (``bytes``) in three
+parallel lists. :class:`~pymetaq.client.core.Message` objects (named tuples) are built only
+when accessed, in C: iteration is ``map(tuple.__new__, repeat(Message), zip(...))`` with no
+Python bytecode per message. A consumer that needs only payloads uses ``values()`` and never
 pays for message objects.
 
-* :class:`MessageBatch` — the plain records of one reply: the reply's bytes plus the start of
-  each record. ``batch[i]`` / iteration build messages; ``values()`` returns the payloads.
+* :class:`MessageBatch` — the plain records of one reply: ``bounds`` (record starts plus
+  the end of the last one), ``ids`` and ``values`` (parallel sequences). ``batch[i]`` / iteration build
+  messages; ``values()`` returns the payloads; slicing makes views, no copies.
 * :class:`Messages` — a read-only sequence over parts (batches or lists) that ``poll()``
   returns; it compares equal to a list with the same messages.
 
-Thread-safety: immutable after construction (the reply bytes are never modified).
+Memory: a batch holds the payloads (copies; the reply's bytes are not kept) plus up to two
+ints per record.
+
+Thread-safety: immutable after construction.
 """
 
 from __future__ import annotations
 
 import itertools
-import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 from typing import Any, overload
 
 from pymetaq.client.core import Message
 
-_unpack = struct.Struct(">iiqi").unpack_from
-_new = object.__new__
-# Message is a frozen slots dataclass; its slot descriptors set fields without the frozen
-# __setattr__ (1.6x faster than calling the generated __init__).
-_S_TOPIC, _S_PART, _S_OFF, _S_ID, _S_VAL, _S_ATTR, _S_NEXT, _S_BROKER = (
-    Message.__dict__[f].__set__
-    for f in (
-        "topic",
-        "partition",
-        "offset",
-        "id",
-        "value",
-        "attribute",
-        "next_offset",
-        "broker_id",
-    )
-)
+_new: Callable[..., Message] = tuple.__new__
 
 
 def make_message(
     topic: str, partition: int, offset: int, msg_id: int, value: bytes, nxt: int, broker: int
 ) -> Message:
-    """A Message without an attribute, built the fast way."""
-    m = _new(Message)
-    _S_TOPIC(m, topic)
-    _S_PART(m, partition)
-    _S_OFF(m, offset)
-    _S_ID(m, msg_id)
-    _S_VAL(m, value)
-    _S_ATTR(m, None)
-    _S_NEXT(m, nxt)
-    _S_BROKER(m, broker)
-    return m
+    """A Message without an attribute, built the fast way (no Python ``__new__``)."""
+    return _new(Message, (topic, partition, offset, msg_id, value, None, nxt, broker))
 
 
 class MessageBatch(Sequence[Message]):
     """Plain records (flag 0) of one reply, messages built on access.
 
-    ``starts`` holds each record's start in ``buf``; ``end`` is the end of the last one.
-    ``lo``/``hi`` select a sub-range (slicing makes views, no copies).
+    Record ``k`` starts at ``bounds[k]`` and ends at ``bounds[k + 1]`` (records are
+    contiguous; ``bounds`` has one more entry than ``values``: a ``range`` when every record
+    has the same length) and has id ``ids[k]`` and payload ``values[k]``. ``lo``/``hi``
+    select a sub-range (slicing makes views, no copies).
     """
 
-    __slots__ = ("_base", "_broker", "_buf", "_end", "_hi", "_lo", "_part", "_starts", "_topic")
+    __slots__ = ("_bounds", "_broker", "_hi", "_ids", "_lo", "_part", "_topic", "_values")
 
     def __init__(
         self,
-        buf: bytes,
-        starts: list[int],
-        end: int,
+        bounds: Sequence[int],
+        ids: Sequence[int],
+        values: list[bytes],
         topic: str,
         partition: int,
         broker_id: int,
-        base: int,
         lo: int = 0,
         hi: int | None = None,
     ) -> None:
-        self._buf, self._starts, self._end = buf, starts, end
-        self._topic, self._part, self._broker, self._base = topic, partition, broker_id, base
+        self._bounds, self._ids, self._values = bounds, ids, values
+        self._topic, self._part, self._broker = topic, partition, broker_id
         self._lo = lo
-        self._hi = len(starts) if hi is None else hi
+        self._hi = len(values) if hi is None else hi
 
     def __len__(self) -> int:
         return self._hi - self._lo
 
-    def _stop(self, k: int) -> int:
-        return self._starts[k + 1] if k + 1 < len(self._starts) else self._end
-
     def _make(self, k: int) -> Message:
-        pos = self._starts[k]
-        stop = self._stop(k)
-        mid = _unpack(self._buf, pos)[2]
-        base = self._base
-        return make_message(
-            self._topic,
-            self._part,
-            base + pos,
-            mid,
-            self._buf[pos + 20 : stop],
-            base + stop,
-            self._broker,
-        )
+        b = self._bounds
+        row = (self._topic, self._part, b[k], self._ids[k], self._values[k], None, b[k + 1])
+        return _new(Message, (*row, self._broker))
 
     @overload
     def __getitem__(self, i: int) -> Message: ...
@@ -119,13 +87,12 @@ class MessageBatch(Sequence[Message]):
                 raise ValueError("MessageBatch slices must be contiguous")
             stop = max(stop, start)
             return MessageBatch(
-                self._buf,
-                self._starts,
-                self._end,
+                self._bounds,
+                self._ids,
+                self._values,
                 self._topic,
                 self._part,
                 self._broker,
-                self._base,
                 self._lo + start,
                 self._lo + stop,
             )
@@ -136,42 +103,38 @@ class MessageBatch(Sequence[Message]):
         return self._make(self._lo + i)
 
     def __iter__(self) -> Iterator[Message]:
-        # a generator, not a list: one message alive at a time keeps the GC cheap (measured)
-        if self._hi <= self._lo:
-            return
-        buf, starts, base = self._buf, self._starts, self._base
-        topic, part, broker = self._topic, self._part, self._broker
-        ends = [*starts[self._lo + 1 : self._hi], self._stop(self._hi - 1)]
-        new = _new
-        for pos, stop in zip(starts[self._lo : self._hi], ends):
-            m = new(Message)
-            _S_TOPIC(m, topic)
-            _S_PART(m, part)
-            _S_OFF(m, base + pos)
-            _S_ID(m, _unpack(buf, pos)[2])
-            _S_VAL(m, buf[pos + 20 : stop])
-            _S_ATTR(m, None)
-            _S_NEXT(m, base + stop)
-            _S_BROKER(m, broker)
-            yield m
+        # all in C: zip the columns, tuple.__new__ each row into a Message; lazy, so one
+        # message is alive at a time (cheap for the GC). zip stops at the shortest column.
+        lo, hi = self._lo, self._hi
+        if hi <= lo:
+            return iter(())
+        whole = lo == 0 and hi == len(self._values)
+        bounds = self._bounds
+        rows = zip(
+            repeat(self._topic),
+            repeat(self._part),
+            bounds if whole else bounds[lo:hi],
+            self._ids if whole else self._ids[lo:hi],
+            self._values if whole else self._values[lo:hi],
+            repeat(None),
+            bounds[lo + 1 : hi + 1],
+            repeat(self._broker),
+        )
+        return map(_new, repeat(Message), rows)
 
     def values(self) -> list[bytes]:
-        """The payloads, without building message objects."""
-        if self._hi <= self._lo:
-            return []
-        buf, starts = self._buf, self._starts
-        ends = [*starts[self._lo + 1 : self._hi], self._stop(self._hi - 1)]
-        return [buf[p + 20 : e] for p, e in zip(starts[self._lo : self._hi], ends)]
+        """The payloads (a new list), without building message objects."""
+        return self._values[self._lo : self._hi]
 
     def offset_at(self, i: int) -> int:
         """Byte offset of message ``i`` (no message object)."""
-        return self._base + self._starts[self._lo + i]
+        return self._bounds[self._lo + i]
 
     def next_offset_at(self, i: int) -> int:
-        return self._base + self._stop(self._lo + i)
+        return self._bounds[self._lo + i + 1]
 
     def id_at(self, i: int) -> int:
-        return int(_unpack(self._buf, self._starts[self._lo + i])[2])
+        return self._ids[self._lo + i]
 
     def __repr__(self) -> str:
         return f"MessageBatch({self._topic}/{self._broker}-{self._part}, {len(self)} messages)"
@@ -225,10 +188,14 @@ class Messages(Sequence[Message]):
         raise IndexError("Messages index out of range")  # pragma: no cover
 
     def __iter__(self) -> Iterator[Message]:
+        if len(self._parts) == 1:
+            return iter(self._parts[0])  # no chain step per message
         return itertools.chain.from_iterable(self._parts)
 
     def values(self) -> list[bytes]:
         """All payloads, in order, without building message objects."""
+        if len(self._parts) == 1 and isinstance(self._parts[0], MessageBatch):
+            return self._parts[0].values()
         out: list[bytes] = []
         for p in self._parts:
             out.extend(p.values() if isinstance(p, MessageBatch) else [m.value for m in p])

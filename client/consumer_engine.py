@@ -7,13 +7,19 @@ application's event loop, :class:`~pymetaq.client.consumer.Consumer` on its own
 * ``open()`` learns the subscribed topics' partitions and, without ZooKeeper, owns all of
   them; ``assign(partitions)`` is the seam group rebalancing will use (it commits released
   partitions first, as MetaQ does before a rebalance).
+* ``fetch_ahead(state)`` (both modes) is a fetch round with read-ahead: when it buffers
+  messages it sends the next ``get`` at once (``prefetch``: the raw reply, no state touched),
+  and the next ``fetch_ahead`` applies that reply (or drops it if the partition was seeked
+  meanwhile). At most one reply is read ahead per partition.
 * ``fetch_round(state)`` is one MetaQ fetch step for one partition: ``get`` (long-poll by
   default), scan, then 301 → jump, 404 → backoff (``delay += max/10``), a record too big →
   double the max size, a bad CRC → ``offset`` query and restart at the segment start, skipping
   records already delivered.
 * ``poll()`` (Kafka-like): messages returned by one ``poll`` count as consumed at the next
-  ``poll()`` or ``commit()``. One fetch per partition stays in flight between polls
-  (prefetch).
+  ``poll()`` or ``commit()``. One fetch round per partition stays in flight between polls,
+  and after a round buffers messages the next ``get`` is sent at once (read-ahead).
+  Memory per partition: the batch the caller holds, one buffered reply and one raw reply
+  ahead, each at most ``fetch_max_size_cap`` bytes.
 * ``commit_now()`` writes changed positions (``OffsetEntry(topic, "<b>-<p>", next_offset,
   last msg id)``) with ``store.commit`` — a seeked partition with ``store.reset`` — in a
   worker thread.
@@ -26,9 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from pymetaq.client.consumer_batch import Messages, id_at, next_offset_at, offset_at
 from pymetaq.client.consumer_config import (
@@ -38,10 +48,13 @@ from pymetaq.client.consumer_config import (
     NoCommittedOffset,
     NotAssigned,
     TopicPartition,
+    effective_group,
 )
 from pymetaq.client.consumer_fetch import (
     END_OFFSET,
+    BrokerTransport,
     ConsumerTransport,
+    FetchReply,
     FetchStatus,
     PartitionState,
     Step,
@@ -50,12 +63,22 @@ from pymetaq.client.consumer_fetch import (
     scan,
 )
 from pymetaq.client.core import Message
-from pymetaq.offsets import OffsetEntry, OffsetStore
+from pymetaq.offsets import FileOffsetStore, OffsetEntry, OffsetStore
 
 log = logging.getLogger("pymetaq.client.consumer")
 
 #: steps after which a fetch round continues at once (no result for the caller yet).
 _AGAIN = (Step.GROW, Step.SKIPPED, Step.RESYNC)
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetched:
+    """A raw ``get`` reply fetched ahead (listener mode), with what it was asked for."""
+
+    offset: int
+    generation: int
+    started: float  # time.monotonic() when the get was sent (long-poll accounting)
+    reply: FetchReply
 
 
 class ConsumerEngine:
@@ -85,7 +108,11 @@ class ConsumerEngine:
             "commits": 0,
         }
         self._returned: dict[TopicPartition, tuple[int, int]] = {}
+        # marks of the last poll() result until its caller has it (claim) or lost it (rewind)
+        self._unclaimed: dict[TopicPartition, tuple[int, int, int]] = {}
         self._tasks: dict[TopicPartition, asyncio.Task[Step]] = {}
+        # read-ahead: the raw reply of the get after the buffered one (one per partition)
+        self._ahead: dict[TopicPartition, asyncio.Task[Prefetched]] = {}
         self._rr = 0  # poll round-robin start
         self.opened = False
 
@@ -163,54 +190,45 @@ class ConsumerEngine:
 
     # ---------------------------------------------------------------- fetching
 
-    async def fetch_round(self, st: PartitionState) -> Step:
-        """Fetch until messages are buffered or the partition should back off."""
+    async def fetch_round(self, st: PartitionState, prefetched: Prefetched | None = None) -> Step:
+        """Fetch until messages are buffered or the partition should back off.
+
+        ``prefetched`` (listener mode) is a reply fetched while the previous buffer was being
+        delivered; it is used if it still matches the partition's offset and generation.
+        """
         while True:
             st.apply_pending_seek()
-            step = await self._fetch_once(st)
+            pre, prefetched = prefetched, None
+            if pre is not None and (
+                pre.offset != st.fetch_offset or pre.generation != st.generation
+            ):
+                pre = None  # stale: seeked, or the offset moved meanwhile
+            step = await self._fetch_once(st, pre)
             if step not in _AGAIN:
                 return step
 
-    async def _fetch_once(self, st: PartitionState) -> Step:
+    async def prefetch(self, st: PartitionState) -> Prefetched:
+        """The raw reply of the next ``get`` (no state is touched: the worker may still be
+        delivering the buffer); :meth:`fetch_round` applies it later."""
+        offset, gen, wait = st.fetch_offset, st.generation, self.config.long_poll_ms
+        started = time.monotonic()
+        reply = await self.transport.fetch(st.tp, self.wire_group, offset, st.max_size, wait)
+        return Prefetched(offset, gen, started, reply)
+
+    async def _fetch_once(self, st: PartitionState, pre: Prefetched | None = None) -> Step:
         cfg, tp, gen = self.config, st.tp, st.generation
         wait = cfg.long_poll_ms
-        started = time.monotonic()
-        offset = st.fetch_offset
-        reply = await self.transport.fetch(tp, self.wire_group, offset, st.max_size, wait)
+        if pre is None:
+            started = time.monotonic()
+            offset = st.fetch_offset
+            reply = await self.transport.fetch(tp, self.wire_group, offset, st.max_size, wait)
+        else:
+            started, offset, reply = pre.started, pre.offset, pre.reply
         self.counters["fetches"] += 1
         if gen != st.generation:
             return Step.SKIPPED  # seeked meanwhile: drop this reply
         if reply.status is FetchStatus.DATA:
-            sc = scan(
-                reply.data, tp, offset, verify=cfg.verify_crc, max_record=cfg.fetch_max_size_cap
-            )
-            if sc.corrupt_at >= 0:
-                self.counters["crc_errors"] += 1
-                log.warning("%s: corrupt record at %s: %s", tp, sc.corrupt_at, sc.reason)
-            step = apply_scan(st, sc, len(reply.data), cfg)
-            if step is Step.PROGRESS:
-                self.counters["messages"] += len(st.buffer)
-            elif step is Step.GROW:
-                self.counters["grown"] += 1
-                log.info(
-                    "%s: record at %s needs %s bytes, max size now %s",
-                    tp,
-                    offset,
-                    sc.need,
-                    st.max_size,
-                )
-            elif step is Step.TOO_LARGE:
-                log.error(
-                    "%s: record at %s needs %s bytes, above the cap %s (or the broker's "
-                    "transfer size): stuck",
-                    tp,
-                    offset,
-                    sc.need,
-                    cfg.fetch_max_size_cap,
-                )
-            elif step is Step.RESYNC:
-                return await self._resync(st, sc.corrupt_at, sc.reason)
-            return step
+            return await self._on_data(st, offset, reply.data)
         if reply.status is FetchStatus.NO_DATA:
             self.counters["empty"] += 1
             if st.check_end:
@@ -234,6 +252,37 @@ class ConsumerEngine:
         st.delay_ms = backoff(st.delay_ms, cfg.max_delay_fetch_ms)
         log.warning("%s: fetch at %s failed: %s", tp, offset, reply.error)
         return Step.EMPTY
+
+    async def _on_data(self, st: PartitionState, offset: int, data: bytes) -> Step:
+        cfg, tp = self.config, st.tp
+        sc = scan(data, tp, offset, verify=cfg.verify_crc, max_record=cfg.fetch_max_size_cap)
+        if sc.corrupt_at >= 0:
+            self.counters["crc_errors"] += 1
+            log.warning("%s: corrupt record at %s: %s", tp, sc.corrupt_at, sc.reason)
+        step = apply_scan(st, sc, len(data), cfg)
+        if step is Step.PROGRESS:
+            self.counters["messages"] += len(st.buffer)
+        elif step is Step.GROW:
+            self.counters["grown"] += 1
+            log.info(
+                "%s: record at %s needs %s bytes, max size now %s",
+                tp,
+                offset,
+                sc.need,
+                st.max_size,
+            )
+        elif step is Step.TOO_LARGE:
+            log.error(
+                "%s: record at %s needs %s bytes, above the cap %s (or the broker's "
+                "transfer size): stuck",
+                tp,
+                offset,
+                sc.need,
+                cfg.fetch_max_size_cap,
+            )
+        elif step is Step.RESYNC:
+            return await self._resync(st, sc.corrupt_at, sc.reason)
+        return step
 
     def _moved(self, st: PartitionState, offset: int, new_offset: int) -> Step:
         self.counters["moved"] += 1
@@ -279,6 +328,21 @@ class ConsumerEngine:
 
     # ---------------------------------------------------------------- poll mode
 
+    def claim(self) -> None:
+        """The caller received the last poll's messages: they count as consumed at the next
+        poll()/commit()."""
+        for tp, (pos, mid, _first) in self._unclaimed.items():
+            self._returned[tp] = (pos, mid)
+        self._unclaimed = {}
+
+    def rewind_unclaimed(self) -> None:
+        """The caller never received the last poll's messages (interrupted): fetch them again."""
+        for tp, (_pos, _mid, first) in self._unclaimed.items():
+            st = self.states.get(tp)
+            if st is not None:
+                st.request_seek(first)
+        self._unclaimed = {}
+
     def mark_returned_consumed(self) -> None:
         """Poll semantics: what the previous poll returned now counts as consumed."""
         for tp, (pos, mid) in self._returned.items():
@@ -288,7 +352,11 @@ class ConsumerEngine:
         self._returned.clear()
 
     async def poll(self, timeout_s: float, max_records: int = 0) -> Messages:
-        """Return buffered or newly fetched messages; ``[]`` after ``timeout_s``."""
+        """Return buffered or newly fetched messages; ``[]`` after ``timeout_s``.
+
+        The caller then calls :meth:`claim` (it has them) or :meth:`rewind_unclaimed`.
+        """
+        self.rewind_unclaimed()  # a result nobody claimed (should not happen)
         self.mark_returned_consumed()
         deadline = time.monotonic() + max(timeout_s, 0.0)
         while True:
@@ -328,7 +396,7 @@ class ConsumerEngine:
                 pos = offset_at(st.buffer, st.index)
             else:
                 pos = next_offset_at(take, last)
-            self._returned[st.tp] = (pos, id_at(take, last))
+            self._unclaimed[st.tp] = (pos, id_at(take, last), offset_at(take, 0))
             if count >= limit:
                 self._rr = (self._rr + i + 1) % n
                 break
@@ -342,9 +410,23 @@ class ConsumerEngine:
                 self._tasks[st.tp] = asyncio.ensure_future(self._delayed_round(st))
 
     async def _delayed_round(self, st: PartitionState) -> Step:
-        if st.delay_ms > 0:
+        return await self.fetch_ahead(st, sleep=True)
+
+    async def fetch_ahead(self, st: PartitionState, *, sleep: bool = False) -> Step:
+        """A fetch round that starts from the partition's read-ahead reply (if any) and, when
+        it buffers messages, sends the next ``get`` at once: the reply arrives while the caller
+        processes this buffer. ``sleep``: wait ``st.delay_ms`` first (poll mode's backoff)."""
+        ahead = self._ahead.pop(st.tp, None)
+        prefetched = None
+        if ahead is not None:
+            with contextlib.suppress(Exception):
+                prefetched = await ahead
+        elif sleep and st.delay_ms > 0:
             await asyncio.sleep(st.delay_ms / 1000)
-        return await self.fetch_round(st)
+        step = await self.fetch_round(st, prefetched)
+        if step is Step.PROGRESS and st.tp in self.states:
+            self._ahead[st.tp] = asyncio.ensure_future(self.prefetch(st))
+        return step
 
     def _reap(self) -> None:
         for tp, task in list(self._tasks.items()):
@@ -354,10 +436,12 @@ class ConsumerEngine:
                     log.warning("%s: fetch task failed: %r", tp, task.exception())
 
     async def cancel_fetches(self, tps: Iterable[TopicPartition] | None = None) -> None:
-        tasks = [
-            self._tasks.pop(tp)
-            for tp in list(tps if tps is not None else self._tasks)
-            if tp in self._tasks
+        which = list(tps) if tps is not None else [*self._tasks, *self._ahead]
+        tasks: list[asyncio.Future[Any]] = [
+            running.pop(tp)
+            for running in (self._tasks, self._ahead)
+            for tp in which
+            if tp in running
         ]
         for t in tasks:
             t.cancel()
@@ -402,3 +486,29 @@ class ConsumerEngine:
         if resets or plain:
             self.counters["commits"] += 1
         return len(resets) + len(plain)
+
+    async def shutdown(self) -> None:
+        """Cancel fetches and close the connections."""
+        await self.cancel_fetches()
+        self.transport.close()
+
+
+def build_engine(
+    servers: str | list[str],
+    group: str | None,
+    offset_store: OffsetStore | None,
+    config: ConsumerConfig | None,
+    transport: ConsumerTransport | None,
+    overrides: dict[str, Any],
+) -> tuple[ConsumerEngine, bool]:
+    """An engine from the public constructor arguments; True if it owns its offset store."""
+    cfg = config or ConsumerConfig()
+    if overrides:
+        cfg = dataclasses.replace(cfg, **overrides)
+    eff = effective_group(group, cfg)
+    owned = False
+    if eff is not None and offset_store is None:
+        offset_store = FileOffsetStore(Path.home() / ".pymetaq_offsets")
+        owned = True
+    tr = transport if transport is not None else BrokerTransport(servers, cfg)
+    return ConsumerEngine(tr, eff, offset_store if eff is not None else None, cfg), owned

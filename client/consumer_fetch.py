@@ -4,10 +4,8 @@
   async calls (``partitions``, ``fetch``, ``nearest_offset``). :class:`BrokerTransport`
   implements it over the client core's :class:`~pymetaq.client.core.BrokerSet`; tests use an
   in-memory fake.
-* :func:`scan` walks the bytes of one ``get`` reply: one ``struct.unpack_from`` and one
-  ``zlib.crc32`` per record, the :class:`~pymetaq.client.core.Message` built in the same loop;
-  records with a flag (attribute, lz4 batch) go through the core's ``decode_messages``. It
-  stops at a trailing partial record, and at a corrupt one (reported, never raised).
+* :func:`~pymetaq.client.consumer_scan.scan` (re-exported here) checks the records of one
+  ``get`` reply (headers, CRCs) and splits it into messages.
 * :class:`PartitionState` is everything the consumer knows about one partition, and
   :func:`apply_scan` / :func:`backoff` / :func:`grown_size` are MetaQ's fetch rules as pure
   functions: empty → ``delay += max/10`` up to max, progress resets it; a record that does not
@@ -21,34 +19,19 @@ from __future__ import annotations
 
 import enum
 import logging
-import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pymetaq.client.consumer_batch import (
-    MessageBatch,
-    id_at,
-    make_message,
-    next_offset_at,
-    offset_at,
-)
+from pymetaq.client.consumer_batch import id_at, next_offset_at, offset_at
 from pymetaq.client.consumer_config import ConsumerConfig, TopicPartition
-from pymetaq.client.core import (
-    BrokerSet,
-    CorruptMessage,
-    Message,
-    MetaClientError,
-    decode_messages,
-    raise_for_reply,
-)
+from pymetaq.client.consumer_scan import Scan as Scan  # re-exported
+from pymetaq.client.consumer_scan import scan as scan  # re-exported
+from pymetaq.client.core import BrokerSet, Message, MetaClientError, raise_for_reply
 from pymetaq.client.protocol import GetCommand, OffsetCommand, ResultReply, ValueReply
 
 log = logging.getLogger(__name__)
 
-HEADER_SIZE = 20
-MASK31 = 0x7FFFFFFF
 #: ``offset`` query for the end of a partition (MetaQ: beyond the end -> max offset).
 END_OFFSET = (1 << 63) - 1
 
@@ -130,94 +113,15 @@ class BrokerTransport:
     async def nearest_offset(self, tp: TopicPartition, group: str, offset: int) -> int:
         conn = await self.brokers.connection(tp.broker_id)
         cmd = OffsetCommand(tp.topic, group, tp.partition, offset, 0)
-        reply = raise_for_reply(await conn.request(cmd, self.request_timeout))
+        reply = await conn.request(cmd, self.request_timeout)
         assert isinstance(reply, ResultReply)
+        if reply.code == 404:
+            return 0  # a configured partition nothing was written to yet: empty, starts at 0
+        raise_for_reply(reply)
         return int(reply.body.strip())
 
     def close(self) -> None:
         self.brokers.close()
-
-
-@dataclass(slots=True)
-class Scan:
-    """What :func:`scan` found in one reply."""
-
-    messages: Sequence[Message]
-    next_offset: int  # offset after the last complete record scanned
-    need: int = 0  # >0: bytes the first (incomplete) record needs; nothing was complete
-    corrupt_at: int = -1  # >=0: offset of a corrupt record (scanning stopped there)
-    reason: str = ""
-
-
-_unpack = struct.Struct(">iiqi").unpack_from
-_crc = zlib.crc32
-
-
-def scan(
-    buf: bytes, tp: TopicPartition, base: int, *, verify: bool = True, max_record: int = 1 << 30
-) -> Scan:
-    """Check the complete records at the start of ``buf`` (fetched at offset ``base``).
-
-    The fast path (plain records) checks headers and CRCs and keeps record starts only: the
-    messages come back as a lazy :class:`MessageBatch`. A reply holding a flagged record
-    (attribute, lz4 batch) is decoded eagerly by :func:`_scan_eager`.
-    """
-    starts: list[int] = []
-    app = starts.append
-    pos, end = 0, len(buf)
-    corrupt, reason = -1, ""
-    while pos + HEADER_SIZE <= end:
-        length, crc, _mid, flag = _unpack(buf, pos)
-        if flag:
-            return _scan_eager(buf, tp, base, verify, max_record)
-        if length < 0 or length > max_record:
-            corrupt, reason = base + pos, f"bad length {length}"
-            break
-        stop = pos + HEADER_SIZE + length
-        if stop > end:
-            break
-        if verify and _crc(buf[pos + HEADER_SIZE : stop]) & MASK31 != crc:
-            corrupt, reason = base + pos, "checksum mismatch"
-            break
-        app(pos)
-        pos = stop
-    batch = MessageBatch(buf, starts, pos, tp.topic, tp.partition, tp.broker_id, base)
-    if corrupt >= 0:
-        return Scan(batch, base + pos, 0, corrupt, reason)
-    if not starts and pos + HEADER_SIZE <= end:
-        return Scan(batch, base + pos, HEADER_SIZE + _unpack(buf, pos)[0])
-    return Scan(batch, base + pos)
-
-
-def _scan_eager(buf: bytes, tp: TopicPartition, base: int, verify: bool, max_record: int) -> Scan:
-    """Decode every record now (replies with attributes or lz4 batches)."""
-    topic, part, broker = tp.topic, tp.partition, tp.broker_id
-    out: list[Message] = []
-    pos, end = 0, len(buf)
-    while pos + HEADER_SIZE <= end:
-        length, crc, mid, flag = _unpack(buf, pos)
-        if length < 0 or length > max_record:
-            return Scan(out, base + pos, 0, base + pos, f"bad length {length}")
-        stop = pos + HEADER_SIZE + length
-        if stop > end:
-            break
-        data = buf[pos + HEADER_SIZE : stop]
-        if verify and _crc(data) & MASK31 != crc:
-            return Scan(out, base + pos, 0, base + pos, "checksum mismatch")
-        if flag:
-            try:
-                msgs, _ = decode_messages(
-                    buf[pos:stop], topic, part, base + pos, verify, broker_id=broker
-                )
-            except CorruptMessage as e:
-                return Scan(out, base + pos, 0, base + pos, e.reason)
-            out.extend(msgs)
-        else:
-            out.append(make_message(topic, part, base + pos, mid, data, base + stop, broker))
-        pos = stop
-    if not out and pos + HEADER_SIZE <= end:
-        return Scan(out, base + pos, HEADER_SIZE + _unpack(buf, pos)[0])
-    return Scan(out, base + pos)
 
 
 @dataclass(eq=False)
@@ -277,18 +181,22 @@ class PartitionState:
         return True
 
     def consume_head(self) -> None:
-        """Mark ``buffer[index]`` processed and advance.
+        """Mark ``buffer[index]`` processed and advance (see :meth:`consumed_through`)."""
+        self.consumed_through(self.index)
 
-        The position moves past the message, except inside an lz4 batch (its inner messages
+    def consumed_through(self, k: int) -> None:
+        """Mark ``buffer[:k + 1]`` processed: the index moves to ``k + 1``.
+
+        The position moves past message ``k``, except inside an lz4 batch (its inner messages
         share one record): there it stays at the record until the batch's last message.
         """
-        buf, i = self.buffer, self.index
-        self.index = i + 1
+        buf = self.buffer
+        self.index = k + 1
         self.attempts = 0
-        here = offset_at(buf, i)
-        inside = i + 1 < len(buf) and offset_at(buf, i + 1) == here
-        self.position = here if inside else next_offset_at(buf, i)
-        self.last_msg_id = id_at(buf, i)
+        here = offset_at(buf, k)
+        inside = k + 1 < len(buf) and offset_at(buf, k + 1) == here
+        self.position = here if inside else next_offset_at(buf, k)
+        self.last_msg_id = id_at(buf, k)
 
 
 def backoff(delay_ms: float, max_delay_ms: int) -> float:

@@ -11,6 +11,10 @@ After ``1 + max_fetch_retries`` failed listener attempts the consumer hands the 
   what an earlier one spooled.
 * :class:`DropPolicy`: log and drop.
 
+One process at a time holds a spool directory (``flock``). If another process of the same group
+on this host has it, redelivery skips it and a rejection raises ``SpoolLocked``: the consumer
+then keeps the message unconsumed and retries it later (never dropped).
+
 A redelivered message is the original (topic, partition, offset, id, value, attribute); its
 ``next_offset`` is only informational (the record it came from is long passed).
 
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pymetaq.client.core import Message, Partition, make_data
-from pymetaq.client.spool import Spool, SpoolEntry
+from pymetaq.client.spool import Spool, SpoolEntry, SpoolLocked
 from pymetaq.storage.record import decode_data, encode_record, iter_records
 
 log = logging.getLogger("pymetaq.client.consumer")
@@ -115,24 +119,44 @@ class LocalRecoverPolicy:
         self._thread: threading.Thread | None = None
 
     def bind(self, group: str, listeners: dict[str, Listener]) -> None:
-        """Open the group's spools for ``listeners``' topics and start redelivering."""
+        """Open the group's existing spools for ``listeners``' topics, start redelivering.
+
+        A spool directory is created only by the first rejected message.
+        """
         with self._lock:
             self.group = group
             self.listeners = dict(listeners)
             for topic in listeners:
-                if topic not in self.spools:
-                    self.spools[topic] = Spool.for_consumer(self.dir, topic, group)
+                try:
+                    self._open(topic, create=False)
+                except SpoolLocked:
+                    log.warning(
+                        "recover spool %s@%s is open in another process; retrying when needed",
+                        topic,
+                        group,
+                    )
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="pymetaq-recover", daemon=True
                 )
                 self._thread.start()
 
+    def _open(self, topic: str, create: bool = True) -> Spool | None:
+        """The topic's spool, opened if needed; None if it does not exist and not ``create``.
+
+        Raises SpoolLocked if another process has it open.
+        """
+        spool = self.spools.get(topic)
+        if spool is None:
+            if not create and not (self.dir / f"{topic}@{self.group}").is_dir():
+                return None  # nothing was ever spooled: no directory, no lock
+            spool = self.spools[topic] = Spool.for_consumer(self.dir, topic, self.group)
+        return spool
+
     def _spool(self, topic: str) -> Spool:
         with self._lock:
-            spool = self.spools.get(topic)
-            if spool is None:
-                spool = self.spools[topic] = Spool.for_consumer(self.dir, topic, self.group)
+            spool = self._open(topic)
+            assert spool is not None
             return spool
 
     def reject(self, message: Message, error: BaseException) -> None:
@@ -159,7 +183,14 @@ class LocalRecoverPolicy:
     def redeliver_once(self) -> int:
         """Feed every spooled message to its listener once; returns how many succeeded."""
         with self._lock:
-            work = [(t, s, self.listeners.get(t)) for t, s in self.spools.items()]
+            work = []
+            for topic, listener in self.listeners.items():
+                try:
+                    spool = self._open(topic, create=False)
+                except SpoolLocked:
+                    continue  # another process has it; next round
+                if spool is not None:
+                    work.append((topic, spool, listener))
         done = 0
         for topic, spool, listener in work:
             if listener is None:

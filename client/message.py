@@ -67,15 +67,17 @@ class Partition(NamedTuple):
         return cls(int(b), int(p))
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A fetched message.
+class Message(NamedTuple):
+    """A fetched message (immutable).
 
     ``partition`` is the broker-local partition number and ``broker_id`` the broker's id
     (MetaQ's partition key is ``f"{broker_id}-{partition}"``, see :attr:`partition_key`).
     ``offset`` is the byte position of the stored record; ``next_offset`` the position of the
     next record (fetch from there to continue). For an lz4 batch every inner message shares the
     outer record's ``offset``, ``next_offset`` and ``id``.
+
+    A named tuple: the consumer builds one per record in C (``tuple.__new__`` over ``zip``),
+    about 0.1 us instead of ~1 us for a frozen dataclass; fields read at C speed.
     """
 
     topic: str
@@ -90,6 +92,11 @@ class Message:
     @property
     def partition_key(self) -> str:
         return f"{self.broker_id}-{self.partition}"
+
+
+#: ``_new(Message, (topic, partition, offset, id, value, attribute, next_offset, broker_id))``
+#: builds a Message in C (no Python-level ``__new__``): the decode loops use it.
+_new: Callable[..., Message] = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,18 +189,18 @@ def decode_messages(
     Raises :class:`CorruptMessage` for a negative length, a CRC mismatch (with ``verify``) or
     an undecodable lz4 batch.
     """
-    mv = memoryview(buf)
+    src = buf if isinstance(buf, bytes) else bytes(buf)  # bytes slices copy once (no view)
     out: list[Message] = []
-    append = out.append
-    pos, end = 0, len(mv)
+    append, new = out.append, _new
+    pos, end = 0, len(src)
     while pos + HEADER_SIZE <= end:
-        length, crc, msg_id, flag = _unpack_header(mv, pos)
+        length, crc, msg_id, flag = _unpack_header(src, pos)
         if length < 0:
             raise CorruptMessage(base_offset + pos, f"negative length {length}")
         stop = pos + HEADER_SIZE + length
         if stop > end:
             break
-        data = bytes(mv[pos + HEADER_SIZE : stop])
+        data = src[pos + HEADER_SIZE : stop]
         offset = base_offset + pos
         if verify and (_crc32(data) & MASK31) != crc:
             raise CorruptMessage(offset, "checksum mismatch")
@@ -202,9 +209,9 @@ def decode_messages(
             _expand_batch(data, topic, partition, broker_id, offset, nxt, msg_id, verify, out)
         elif flag & FLAG_ATTRIBUTE:
             attr, value = _split_attribute(data, offset)
-            append(Message(topic, partition, offset, msg_id, value, attr, nxt, broker_id))
+            append(new(Message, (topic, partition, offset, msg_id, value, attr, nxt, broker_id)))
         else:
-            append(Message(topic, partition, offset, msg_id, data, None, nxt, broker_id))
+            append(new(Message, (topic, partition, offset, msg_id, data, None, nxt, broker_id)))
         pos = stop
     return out, base_offset + pos
 
@@ -239,7 +246,7 @@ def _expand_batch(
     except RuntimeError as e:  # lz4 raises RuntimeError for a bad frame
         raise CorruptMessage(offset, f"bad lz4 batch: {e}") from None
     pos, end = 0, len(raw)
-    append = out.append
+    append, new = out.append, _new
     while pos < end:
         if pos + HEADER_SIZE > end:
             raise CorruptMessage(offset, "lz4 batch ends inside an inner header")
@@ -254,7 +261,7 @@ def _expand_batch(
             raise CorruptMessage(offset, "nested lz4 batch")
         if flag & FLAG_ATTRIBUTE:
             attr, value = _split_attribute(data, offset)
-            append(Message(topic, partition, offset, msg_id, value, attr, nxt, broker_id))
+            append(new(Message, (topic, partition, offset, msg_id, value, attr, nxt, broker_id)))
         else:
-            append(Message(topic, partition, offset, msg_id, data, None, nxt, broker_id))
+            append(new(Message, (topic, partition, offset, msg_id, data, None, nxt, broker_id)))
         pos = stop

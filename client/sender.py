@@ -9,6 +9,11 @@ reply frees capacity; it takes, per partition queue, the head batches that are d
   (requests on one connection are answered in order, so pipelining keeps per-partition order),
   **1 with retries enabled** (a retried batch must not overtake or be overtaken).
 
+Adaptive batching (Nagle-like): appends wake the sender only while their broker has nothing in
+flight, so with ``linger_ms=0`` an idle producer sends a message at once, and whatever
+accumulates while a request is in flight goes out as one batch when its ack arrives.  An ack
+first sends that next batch, then runs the acked batch's callbacks.
+
 A failed batch is retried (same partition, after ``retry_backoff_ms``, at the head of its
 queue) while the error is retriable and attempts remain; otherwise every message in it
 completes with ``success=False`` and the error. Connection failures and timeouts also drop the
@@ -204,7 +209,18 @@ class Sender:
         except ValueError:
             self._failed(b, ConnectionLost(f"malformed bput reply body {reply.body!r}"))
             return
-        self._finish(b, None)
+        self._succeeded(b)
+
+    def _succeeded(self, b: Batch) -> None:
+        """An acknowledged batch: send what accumulated during its round trip *first* (the
+        slot is free now), then run its callbacks, so their cost overlaps the next trip."""
+        if b.fut.done():  # already aborted by close()
+            return
+        self._release_slot(b)
+        b.body = None
+        self._run()
+        b.complete()
+        self.acc.release(b)
 
     def _failed(self, b: Batch, err: MetaClientError) -> None:
         if isinstance(err, (ConnectionLost, NoBrokerAvailable, RequestTimeout)):
@@ -238,9 +254,7 @@ class Sender:
         b.error = err
         self._release_slot(b)
         b.body = None
-        fut = b.fut
-        if not fut.done():
-            fut.set_result(None)
+        b.complete()
         self.acc.release(b)
         self.wake()
 
@@ -255,8 +269,7 @@ class Sender:
                 q.clear()
         for b in queued:
             b.error = self._closing
-            if not b.fut.done():
-                b.fut.set_result(None)
+            b.complete()
             self.acc.release(b)
         if self._timer is not None:
             self._timer.cancel()
@@ -267,7 +280,7 @@ class Sender:
         for b in self.acc.snapshot_incomplete():
             if not b.fut.done():
                 b.error = self._closing
-                b.fut.set_result(None)
+                b.complete()
                 self.acc.release(b)
         for task in list(self._tasks):
             task.cancel()

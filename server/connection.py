@@ -148,6 +148,11 @@ class Connection(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def flush_replies(self) -> None:
+        """Write the queued replies now instead of at the end of this loop iteration."""
+        if self._out and self._sender is None:
+            self._flush()
+
     def result(self, code: int, body: bytes, opaque: int) -> None:
         self.reply(result_frame(code, body, opaque))
 

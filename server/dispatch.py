@@ -10,8 +10,9 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 |              |                                          | enabled yet); 400 + close: data over     |
 |              |                                          | maxTransferSize - 20 (codec limit)       |
 | bput         | 200 ``"<firstId> <partition> <offset>    | as put; 400 malformed records (framing,  |
-|              | <count>"`` (count = records stored)      | a record CRC) or a count that cannot fit |
-|              |                                          | the body                                 |
+|              | <count>"`` (count = records stored)      | a record CRC, a record's data over       |
+|              |                                          | maxTransferSize - 20: nothing stored) or |
+|              |                                          | a count that cannot fit the body         |
 | get          | ``value <len> <opaque>`` + log slice     | 400 maxSize <= 0; 403 acceptSubscribe=   |
 |              |                                          | false; 404 no such store / no data;      |
 |              |                                          | 301 ``<offset>`` out of range (see below)|
@@ -38,7 +39,6 @@ by :mod:`pymetaq.server.puts` and :mod:`pymetaq.server.longpoll`).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import random
 from collections.abc import Callable
@@ -75,18 +75,6 @@ TX_DISABLED = b"transactions are not enabled on this broker yet"
 SYNC_DISABLED = b"sync is only accepted by a slave broker; this broker is not a slave"
 
 
-def nearest_segment_start(plog: Any, offset: int) -> int:
-    """MetaQ's ``getNearestOffset``: the start of the segment holding ``offset``; the durable
-    end if ``offset`` is at or past it; the first segment's start if before it."""
-    hw = plog.max_offset
-    if offset >= hw:
-        return int(hw)
-    starts: list[int] = [seg.start for seg in plog.segments]
-    if offset < starts[0]:
-        return starts[0]
-    return starts[bisect.bisect_right(starts, offset) - 1]
-
-
 class Dispatcher:
     """Routes parsed commands to handlers; owns the connections, the stats and the waiters."""
 
@@ -102,7 +90,7 @@ class Dispatcher:
         self.stats = Stats()
         self.connections: set[Connection] = set()
         self.accepting = True
-        self.appender = Appender(loop, self.stats)
+        self.appender = Appender(loop, self.stats, system.max_put_size)
         self._logs: dict[tuple[str, int], Any] = {}
         self.longpoll = LongPoll(self)
         self._table: dict[type, Callable[[Connection, Any], None]] = {
@@ -307,7 +295,7 @@ class Dispatcher:
             return
         if self._stat_topic(cmd.topic):
             self.stats.realtime("offset", cmd.topic)
-        conn.result(200, str(nearest_segment_start(plog, cmd.offset)).encode(), cmd.opaque)
+        conn.result(200, str(plog.nearest_offset(cmd.offset)).encode(), cmd.opaque)
 
     # -- the rest -------------------------------------------------------------------------------
     def on_stats(self, conn: Connection, cmd: StatsCommand) -> None:

@@ -4,12 +4,15 @@ Single ``put`` commands that arrive in the same event-loop iteration (a pipelini
 several clients) for the same partition are concatenated and written with **one**
 ``PartitionLog.append``; the append's consecutive ids and the records' sizes give every put
 its own ``"<msgId> <partition> <offset>"``.  A ``bput`` body is appended as it is, after any
-coalesced puts of that log were written, so one connection's writes keep their order.
+coalesced puts of that log were written, so one connection's writes keep their order.  Every
+append passes ``max_record_size = maxTransferSize - 20``: storage rejects (400, nothing
+stored) a batch holding a record that no ``get`` could ever return.
 
 Acknowledgement: storage calls ``on_durable`` once the append is durable under the topic's
 policy (from its flusher thread in group-commit mode); the completion is queued and the loop is
-woken once per burst (``call_soon_threadsafe``), then every waiting put gets its reply.
-Nothing is acknowledged before ``on_durable``.
+woken once per burst (``call_soon_threadsafe``: one wake-up per fsync, however many appends it
+covered), then every waiting put gets its reply and each connection's replies are written at
+once (one ``transport.write`` per connection).  Nothing is acknowledged before ``on_durable``.
 
 Thread-safety: everything runs on the event-loop thread except ``on_durable`` closures, which
 only append to a deque and wake the loop.
@@ -55,9 +58,14 @@ class _Pending:
 class Appender:
     """Owns every append the broker makes and the replies that acknowledge them."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stats: Stats) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, stats: Stats, max_record_size: int | None = None
+    ) -> None:
         self.loop = loop
         self.stats = stats
+        #: largest record data storage accepts (``maxTransferSize - 20``: every stored record
+        #: must fit one ``get`` reply)
+        self.max_record_size = max_record_size
         self._loop_thread = threading.get_ident()
         self._pending: dict[int, _Pending] = {}
         self._flush_scheduled = False
@@ -113,7 +121,7 @@ class Appender:
             wake()
 
         try:
-            plog.append(records, on_durable=on_durable)
+            plog.append(records, on_durable=on_durable, max_record_size=self.max_record_size)
         except InvalidRecords as exc:
             self._fail(waiters, 400, f"invalid records: {exc.reason}")
         except StorageError as exc:
@@ -145,8 +153,11 @@ class Appender:
     def _drain(self) -> None:
         self._wake_pending = False
         done = self._done
+        touched: dict[Connection, None] = {}
         while done:
             plog, stat, waiters, result, exc = done.popleft()
+            for waiter in waiters:
+                touched[waiter[0]] = None
             if exc is not None:
                 log.error("write to %s-%d failed: %r", plog.topic, plog.partition, exc)
                 self._fail(waiters, 500, f"Put message failed: {exc}")
@@ -155,6 +166,8 @@ class Appender:
                 self._acknowledge(plog, stat, waiters, result)
             except Exception:  # pragma: no cover - a bug; keep serving the other completions
                 log.exception("acknowledging a write to %s-%d failed", plog.topic, plog.partition)
+        for conn in touched:  # write the acks now, not one loop iteration later
+            conn.flush_replies()
 
     def _acknowledge(self, plog: Any, stat: bool, waiters: list[Waiter], result: Any) -> None:
         self.stats.counters["total_messages"] += result.count

@@ -33,13 +33,17 @@ _LEN_CRC = struct.Struct(">Ii")  # length unsigned: a negative length becomes hu
 _ID = struct.Struct(">q")
 _MASK = 0x7FFFFFFF
 MAX_BATCH_RECORDS = SEQ_LIMIT  # ids of one batch are consecutive within one millisecond
+_NO_LIMIT = 1 << 32  # above any unsigned 32-bit length
 _LOW16 = b"".join(x.to_bytes(2, "big") for x in range(1 << 16))
 
 
-def _walk(buf: bytearray | bytes | memoryview, first_id: int | None) -> tuple[int, int]:
+def _walk(
+    buf: bytearray | bytes | memoryview, first_id: int | None, max_data: int | None = None
+) -> tuple[int, int]:
     """The mixed-batch loop: validate, and stamp when ``first_id`` is given.
 
     Returns (count, position of the last record)."""
+    limit = _NO_LIMIT if max_data is None else max_data
     mv = memoryview(buf)
     end = len(mv)
     unpack = _LEN_CRC.unpack_from
@@ -54,9 +58,11 @@ def _walk(buf: bytearray | bytes | memoryview, first_id: int | None) -> tuple[in
         length, crc = unpack(mv, pos)
         start = pos + HEADER_SIZE
         stop = start + length
-        if stop > end:
-            bad = length - (1 << 32) if length >= 1 << 31 else length
-            raise InvalidRecords(f"bad length {bad}", pos)
+        if stop > end or length > limit:
+            if stop > end:
+                bad = length - (1 << 32) if length >= 1 << 31 else length
+                raise InvalidRecords(f"bad length {bad}", pos)
+            raise _too_large(length, limit, pos)
         if crc32(mv[start:stop]) & _MASK != crc:
             raise InvalidRecords("checksum mismatch", pos)
         if stamp:
@@ -109,20 +115,27 @@ def _stamp_uniform(buf: bytearray, stride: int, n: int, first_id: int) -> None:
     buf[15:end:stride] = _LOW16[2 * lo + 1 : 2 * (lo + n) : 2]
 
 
+def _too_large(length: int, limit: int, pos: int) -> InvalidRecords:
+    return InvalidRecords(f"record data of {length} bytes exceeds the limit of {limit}", pos)
+
+
 def _check_count(count: int) -> None:
     if count > MAX_BATCH_RECORDS:
         raise InvalidRecords(f"{count} records in one batch, at most {MAX_BATCH_RECORDS}")
 
 
-def count_records(buf: bytearray | bytes | memoryview) -> tuple[int, int]:
-    """Validate framing and every checksum; return (record count, last record's msg id)."""
+def count_records(
+    buf: bytearray | bytes | memoryview, max_data: int | None = None
+) -> tuple[int, int]:
+    """Validate framing and every checksum (and each record's data length against
+    ``max_data``); return (record count, last record's msg id)."""
     if len(buf) == 0:
         raise InvalidRecords("empty batch")
-    count, last = _walk(buf, None)
+    count, last = _walk(buf, None, max_data)
     return count, _ID.unpack_from(buf, last + 8)[0]
 
 
-def validate_and_stamp(buf: bytearray, first_id: int) -> int:
+def validate_and_stamp(buf: bytearray, first_id: int, max_data: int | None = None) -> int:
     """Validate ``buf`` and stamp ids ``first_id, first_id + 1, ...`` in place (one loop).
 
     Returns the record count.  Raises :class:`InvalidRecords` (``buf`` may then be partly
@@ -130,7 +143,7 @@ def validate_and_stamp(buf: bytearray, first_id: int) -> int:
     """
     if len(buf) == 0:
         raise InvalidRecords("empty batch")
-    count = _walk(buf, first_id)[0]
+    count = _walk(buf, first_id, max_data)[0]
     _check_count(count)
     return count
 
@@ -149,8 +162,11 @@ def restamp(buf: bytearray, first_id: int) -> None:
         pos += HEADER_SIZE + unpack(mv, pos)[0]
 
 
-def stamp_batch(worker: IdWorker, buf: bytearray) -> tuple[int, int]:
+def stamp_batch(worker: IdWorker, buf: bytearray, max_data: int | None = None) -> tuple[int, int]:
     """Validate ``buf`` and stamp it with consecutive ids from ``worker``: (first id, count).
+
+    ``max_data`` bounds every record's data length (the header's length field): a batch with a
+    longer record raises :class:`InvalidRecords` (uniform batches: checked once, not per record).
 
     Uniform batches: validate, reserve exactly ``count`` ids, scatter them.  Mixed batches:
     the ids are taken under the worker's lock while the single validate+stamp loop runs (it
@@ -162,6 +178,8 @@ def stamp_batch(worker: IdWorker, buf: bytearray) -> tuple[int, int]:
     uniform = _uniform(buf)
     if uniform is not None:
         stride, n = uniform
+        if max_data is not None and stride - HEADER_SIZE > max_data:
+            raise _too_large(stride - HEADER_SIZE, max_data, 0)
         _check_count(n)
         _check_uniform(buf, stride, n)
         first = worker.reserve(n)
@@ -169,7 +187,7 @@ def stamp_batch(worker: IdWorker, buf: bytearray) -> tuple[int, int]:
         return first, n
     with worker.lock:
         first, room = worker.open_locked()
-        count = validate_and_stamp(buf, first)
+        count = validate_and_stamp(buf, first, max_data)
         if count > room:
             first = worker.skip_ms_locked()
             restamp(buf, first)

@@ -10,12 +10,14 @@ simulate a power loss.  The real implementation, :class:`MmapDisk`:
 - ``sync`` runs ``os.fdatasync`` on a ``dup`` of the descriptor (it covers pages written
   through a shared map on Linux, and measured cheaper than ``mmap.flush``); the dup keeps a
   concurrent ``close`` from invalidating the descriptor mid-call;
-- ``seal(size)`` drops the map and trims the file to ``size`` (used at roll and clean close);
+- ``seal(size)`` drops the map and trims the file to ``size`` (after a roll, by the flusher,
+  and at clean close); ``grow(capacity)`` enlarges a mapped file and its map (an empty active
+  segment receiving a batch larger than it);
 - reads never touch the map: ``read_at`` is ``os.pread`` and ``dup_fd`` hands a private
   descriptor to a :class:`~pymetaq.storage.segment.FileRegion` (for ``sendfile``).
 
-Thread-safety: ``write_at``/``seal``/``truncate`` are called under the owning partition's lock
-only; ``sync``, ``read_at`` and ``dup_fd`` may run on any thread concurrently with them;
+Thread-safety: ``write_at``/``truncate``/``grow`` are called under the owning partition's lock
+only, ``seal`` by the flusher on a segment nobody appends to any more; ``sync``, ``read_at`` and ``dup_fd`` may run on any thread concurrently with them;
 ``close`` makes later ``dup_fd`` calls return ``None`` and later syncs no-ops.
 """
 
@@ -36,6 +38,7 @@ class SegmentFile(Protocol):
     def sync(self) -> None: ...
     def seal(self, size: int) -> None: ...
     def truncate(self, size: int) -> None: ...
+    def grow(self, capacity: int) -> None: ...
     def read_at(self, pos: int, n: int) -> bytes: ...
     def size(self) -> int: ...
     def dup_fd(self) -> int | None: ...
@@ -96,6 +99,14 @@ class MmapSegmentFile:
         capacity = len(self._map)
         self._map.close()
         os.ftruncate(self._fd, size)
+        os.ftruncate(self._fd, capacity)
+        self._map = mmap.mmap(self._fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+    def grow(self, capacity: int) -> None:
+        """Enlarge a mapped file (and its map) to ``capacity`` bytes."""
+        if self._map is None or capacity <= len(self._map):
+            return
+        self._map.close()
         os.ftruncate(self._fd, capacity)
         self._map = mmap.mmap(self._fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 

@@ -4,20 +4,29 @@ A :class:`PartitionLog` is a list of :class:`~pymetaq.storage.segment.Segment` s
 last is mutable (memory-mapped, preallocated to ``max_segment_size``).  Appends validate and
 stamp a whole batch in one pass, then copy it into the map with one slice assignment.
 
-Rolling: when a batch does not fit in the active segment's remaining capacity, the active
-segment is sealed on the appending thread (map dropped, file trimmed to its written length,
-fdatasync'd) before the next segment file, named by the next offset, is created — so a crash
-can never leave an untrimmed segment in the middle.  A batch larger than ``max_segment_size``
+Rolling: when a batch does not fit in the active segment's remaining capacity, the appending
+thread only marks the active segment ``seal_pending`` (no more appends) and creates the next
+segment as ``<next offset>.meta.new`` (a sparse ``ftruncate`` and an ``mmap``: no I/O).  The
+flusher then, in segment order and before it advances ``max_offset`` past them, seals each
+rolled segment (drops the map, trims the file to its written length, fdatasync) and renames
+each new segment to its final name (then fsyncs the directory).  So a ``.meta`` file in the
+middle of a log is always trimmed, and a crash can leave at most ``.meta.new`` files that
+nothing durable depends on (recovery deletes them).  A batch larger than ``max_segment_size``
 gets a segment of its own, sized to fit (the only way a segment exceeds the limit).
 
 Durability (per topic, :class:`~pymetaq.storage.config.TopicStoreConfig`):
 
 - group commit (``unflush_threshold <= 0``): ``on_durable`` fires from the flusher thread after
   the fdatasync that covers the write; every append waiting at that moment shares one fsync;
-- threshold (``unflush_threshold = N > 0``): ``on_durable`` fires before ``append`` returns;
-  the flusher fsyncs every ``unflush_interval_ms``; an append that brings the unflushed count
-  to N waits for that fsync (done by the flusher) before acking, so at most N - 1 acknowledged
-  messages are ever unflushed (MetaQ fsyncs inline in the put thread at that point).
+- threshold (``unflush_threshold = N > 0``): an append that leaves fewer than N acknowledged
+  but unflushed messages is acknowledged at once (``on_durable`` before ``append`` returns);
+  any other append is *not* acknowledged yet: its ``on_durable`` is deferred to the fsync that
+  covers it (requested at once, run by the flusher), exactly as in group commit.  So at most
+  N - 1 acknowledged messages are ever unflushed (MetaQ fsyncs inline in the put thread when
+  the count reaches N), and ``append`` never blocks.  The flusher also fsyncs every
+  ``unflush_interval_ms``, and as soon as N/2 acknowledged messages are unflushed: that fsync
+  usually completes before the count reaches N, so appends are not held back while it runs
+  (with an fsync only at N, every append during a slow fsync was deferred: a stall).
 
 Visibility: ``max_offset`` is the durable high-water mark in *both* modes (MetaQ's
 ``FileMessageSet`` high-water mark): readers never see bytes that a power loss could take back.
@@ -25,7 +34,7 @@ In threshold mode this means consumers see new data after the next fsync (at mos
 ``unflush_interval_ms`` later), as in MetaQ.
 
 Thread-safety: appends, roll, sync bookkeeping and retention take the partition lock; the
-fdatasync itself runs outside it.  Reads take no lock: they use an immutable snapshot of the
+fdatasync, seals and renames run outside it, on the flusher thread (or in ``close``).  Reads take no lock: they use an immutable snapshot of the
 segment list and ``pread``/a dup'd descriptor on the durable range only.
 """
 
@@ -45,7 +54,7 @@ from pymetaq.storage.config import StoreConfig, TopicStoreConfig
 from pymetaq.storage.disk import Disk
 from pymetaq.storage.errors import DurabilityTimeout, LogClosed, LogFailed
 from pymetaq.storage.ids import IdWorker
-from pymetaq.storage.segment import FileRegion, Segment, segment_name
+from pymetaq.storage.segment import NEW_SUFFIX, FileRegion, Segment, segment_name
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +105,6 @@ class PartitionLog:
         self.config = config
         self._store, self._disk, self._ids, self._flusher = store, disk, ids, flusher
         self._lock = threading.Lock()
-        self._durable = threading.Condition(self._lock)
         self._view: tuple[tuple[Segment, ...], list[int]] = ((), [])
         self._set_view(segments)
         self.write_offset = segments[-1].end
@@ -104,7 +112,8 @@ class PartitionLog:
         self.message_count = 0
         self.message_bytes = 0
         self._waiters: list[tuple[AppendResult, DurableCallback]] = []
-        self._unflushed = 0  # messages written since the last fsync (threshold mode)
+        self._acked_unflushed = 0  # acknowledged, not yet covered by an fsync (threshold)
+        self._flush_asked = False  # threshold mode: an early fsync was requested
         self._dir_dirty = False
         self._failed: BaseException | None = None
         self._closed = False
@@ -138,15 +147,22 @@ class PartitionLog:
         *,
         stamp_ids: bool = True,
         on_durable: DurableCallback | None = None,
+        max_record_size: int | None = None,
     ) -> AppendResult:
-        """Validate, stamp and write one batch of complete records (see the module doc)."""
+        """Validate, stamp and write one batch of complete records (see the module doc).
+
+        ``max_record_size`` bounds each record's data length (its header's length field, i.e.
+        the record's size minus the 20-byte header): a batch holding a longer record raises
+        :class:`~pymetaq.storage.errors.InvalidRecords` and nothing is written.  Never blocks
+        on an fsync.
+        """
         n = len(records)
         with self._lock:
             self._check_open()
             if stamp_ids:
-                first_id, count = stamp_batch(self._ids, records)
+                first_id, count = stamp_batch(self._ids, records, max_record_size)
             else:
-                count, last_id = count_records(records)
+                count, last_id = count_records(records, max_record_size)
                 first_id = last_id - count + 1
                 self._ids.observe(last_id)
             seg = self._view[0][-1]
@@ -163,19 +179,19 @@ class PartitionLog:
             self.message_count += count
             self.message_bytes += n
             result = AppendResult(offset, n, count, first_id)
-            if self.config.group_commit:
+            cfg = self.config
+            if cfg.group_commit or self._acked_unflushed + count >= cfg.unflush_threshold:
+                # group commit, or acking now would leave N acknowledged messages unflushed
                 if on_durable is not None:
                     self._waiters.append((result, on_durable))
                 self._flusher.request(self)
                 return result
-            self._unflushed += count
-            if self._unflushed >= self.config.unflush_threshold:
+            self._acked_unflushed += count
+            if 2 * self._acked_unflushed >= cfg.unflush_threshold and not self._flush_asked:
+                # half way to N: fsync now, so the count is back down before it reaches N
+                # (else every append would wait for that fsync, as if in group commit)
+                self._flush_asked = True
                 self._flusher.request(self)
-                end = offset + n
-                while self.max_offset < end and self._failed is None and not self._closed:
-                    self._durable.wait()
-                if self.max_offset < end:
-                    raise LogFailed(f"{self.name}: fsync failed") from self._failed
         if on_durable is not None:
             on_durable(result, None)
         return result
@@ -205,25 +221,26 @@ class PartitionLog:
             raise LogFailed(f"{self.name} failed earlier: {self._failed}") from self._failed
 
     def _roll(self, need: int) -> Segment:
-        """Seal the active segment and start one at the write offset (lock held)."""
+        """Retire the active segment and start one at the write offset (lock held).
+
+        Cheap on purpose (this is the broker's event loop): the old segment's seal (trim +
+        fdatasync) and the new one's rename to its final name are left to the flusher."""
         old = self._view[0][-1]
-        if old.written > 0:
-            old.file.seal(old.written)
-            old.file.sync()
-            old.synced = old.written
-            old.capacity = 0
-            segments = list(self._view[0])
-        else:  # an empty active segment too small for an oversize batch: replace it
-            old.file.close()
-            self._disk.unlink(old.path)
-            segments = list(self._view[0][:-1])
+        if old.written == 0:  # an empty active segment too small for an oversize batch
+            old.file.grow(need)
+            old.capacity = need
+            return old
+        old.capacity = 0
+        old.seal_pending = True
+        segments = list(self._view[0])
         capacity = max(self._store.max_segment_size, need)
-        path = os.path.join(self.directory, segment_name(old.end))
+        final = os.path.join(self.directory, segment_name(old.end))
+        path = final[: -len(".meta")] + NEW_SUFFIX
         file = self._disk.create(path, capacity)
-        self._disk.sync_dir(self.directory)
-        seg = Segment(old.end, file, 0, 0, capacity, path)
+        seg = Segment(old.end, file, 0, 0, capacity, path, final_path=final)
         segments.append(seg)
         self._set_view(segments)
+        self._flusher.request(self)  # seal the old segment soon, in either mode
         return seg
 
     # -- durability ----------------------------------------------------------------------
@@ -231,41 +248,60 @@ class PartitionLog:
     def sync(self, now: float = 0.0) -> None:
         """fdatasync everything written so far, then advance ``max_offset`` and ack waiters.
 
-        Called by the flusher thread (or by close); the fsync runs outside the lock.
+        Also finishes rolls, in segment order: seals (trim + fdatasync) rolled segments and
+        renames new ones to their final names.  Called by the flusher thread (or by close);
+        the I/O runs outside the lock.
         """
         with self._lock:
             self.last_sync = now
             target = self.write_offset
-            if target == self.max_offset and not self._waiters:
+            work = [
+                (s, s.written, s.seal_pending, s.final_path)
+                for s in self._view[0]
+                if s.synced < s.written or s.seal_pending or s.final_path is not None
+            ]
+            self._flush_asked = False
+            if target == self.max_offset and not self._waiters and not work:
                 return
-            dirty = [(s, s.written) for s in self._view[0] if s.synced < s.written]
             waiters, self._waiters = self._waiters, []
-            flushed = self._unflushed
+            flushed = self._acked_unflushed
         try:
-            for seg, _w in dirty:
-                seg.file.sync()
+            self._finish_segments(work)
         except BaseException as e:
             with self._lock:
                 self._failed = e
-                self._durable.notify_all()
             log.error("%s: fsync failed, log closed for appends: %s", self.name, e)
             for result, cb in waiters:
                 cb(result, e)
             return
         with self._lock:
-            for seg, written in dirty:
+            for seg, written, sealed, final in work:
                 seg.synced = max(seg.synced, written)
+                if sealed:
+                    seg.seal_pending = False
+                if final is not None:
+                    seg.path, seg.final_path = final, None
             advanced = target > self.max_offset
             if advanced:
                 self.max_offset = target
-            self._unflushed -= flushed
-            self._durable.notify_all()
+            self._acked_unflushed -= flushed
             listeners = list(self._listeners)
         for result, cb in waiters:
             cb(result, None)
         if advanced:
             for fn in listeners:
                 fn(target)
+
+    def _finish_segments(self, work: list[tuple[Segment, int, bool, str | None]]) -> None:
+        """The I/O of :meth:`sync`, segment by segment in log order (flusher thread)."""
+        for seg, written, seal, final in work:
+            if final is not None:  # every segment before this one is sealed by now
+                self._disk.rename(seg.path, final)
+                self._disk.sync_dir(self.directory)
+            if seal:
+                seg.file.seal(written)
+            if seal or seg.synced < written:
+                seg.file.sync()
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
         """``fn(new_max_offset)`` after the durable high-water mark advances (any thread)."""
@@ -275,9 +311,17 @@ class PartitionLog:
     # -- reads ---------------------------------------------------------------------------
 
     def nearest_offset(self, offset: int) -> int:
-        """MetaQ's getNearestOffset: ``offset`` clamped to ``[min_offset, max_offset]``."""
+        """MetaQ's getNearestOffset: the start of the segment holding ``offset``; the durable
+        end (``max_offset``) if ``offset`` is at or beyond it; the first segment's start if
+        ``offset`` is before it."""
+        starts = self._view[1]
         hw: int = self.max_offset
-        return min(max(offset, self.min_offset), hw)
+        if offset >= hw:
+            return hw
+        if offset < starts[0]:
+            return starts[0]
+        start: int = starts[bisect.bisect_right(starts, offset) - 1]
+        return start
 
     def read(self, offset: int, max_size: int) -> ReadResult:
         """A region starting at ``offset`` of at most ``max_size`` durable bytes."""
@@ -324,7 +368,6 @@ class PartitionLog:
             self.sync()
         with self._lock:
             self._closed = True
-            self._durable.notify_all()
             segments = self._view[0]
             last = segments[-1]
             if last.mutable and self._failed is None:

@@ -132,6 +132,8 @@ class MessageStoreManager:
         self.recovery_reports.append(report)
         level = logging.WARNING if report.bytes_cut or report.records_cut else logging.INFO
         log.log(level, "recovered %s", report)
+        with self._ret_cond:  # a new log may bring a deleteWhen schedule: reschedule
+            self._ret_cond.notify()
         return plog, report
 
     def get_log(self, topic: str, partition: int, *, create: bool = True) -> PartitionLog | None:

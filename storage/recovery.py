@@ -2,7 +2,9 @@
 
 Steps (MetaQ's ``MessageStore`` + ``FileMessageSet.recover``, reported as NATS does):
 
-1. list ``<20 digits>.meta`` files, sorted by start offset;
+1. delete leftover ``<20 digits>.meta.new`` files (a segment created by a roll that the flusher
+   had not yet renamed: nothing in it was ever durable); list ``<20 digits>.meta`` files,
+   sorted by start offset;
 2. continuity: every segment but the last must satisfy ``start + file size == next.start``,
    else :class:`~pymetaq.storage.errors.CorruptLogError` (startup must stop, as in MetaQ);
 3. after a clean shutdown (marker present) the last segment's file length is its written
@@ -22,6 +24,7 @@ Thread-safety: runs before the log is shared; no locking.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import struct
 import zlib
@@ -30,7 +33,9 @@ from dataclasses import dataclass
 from pymetaq.storage.disk import Disk, SegmentFile
 from pymetaq.storage.errors import CorruptLogError
 from pymetaq.storage.record import HEADER_SIZE
-from pymetaq.storage.segment import Segment, parse_segment_name, segment_name
+from pymetaq.storage.segment import NEW_SUFFIX, Segment, parse_segment_name, segment_name
+
+log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">iiqi")
 _ZERO_HEADER = bytes(HEADER_SIZE)
@@ -176,6 +181,7 @@ def open_segments(
     initial_offset: int = 0,
 ) -> tuple[list[Segment], RecoveryReport]:
     """Open (and if needed create or recover) the segments of one partition directory."""
+    _remove_unfinished(disk, directory)
     found = list_segments(directory)
     if not found:
         path = os.path.join(directory, segment_name(initial_offset))
@@ -221,6 +227,20 @@ def open_segments(
         report, segments=len(segments), min_offset=segments[0].start, last_msg_id=last_id
     )
     return segments, report
+
+
+def _remove_unfinished(disk: Disk, directory: str) -> None:
+    """Delete ``.meta.new`` files: rolls whose new segment was never renamed (never durable)."""
+    leftovers = [
+        n
+        for n in os.listdir(directory)
+        if n.endswith(NEW_SUFFIX) and parse_segment_name(n[: -len(".new")]) is not None
+    ]
+    for name in leftovers:
+        log.warning("%s: deleting %s, a segment from an unfinished roll", directory, name)
+        disk.unlink(os.path.join(directory, name))
+    if leftovers:
+        disk.sync_dir(directory)
 
 
 def _check_continuity(sized: list[tuple[int, int]], last_start: int, directory: str) -> None:

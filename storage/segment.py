@@ -3,6 +3,10 @@
 A partition directory ``<dataPath>/<topic>-<partition>/`` holds segment files named by the
 20-digit zero-padded byte offset of their first record plus ``.meta`` (MetaQ's naming).
 Archived segments keep the name and add ``.arc`` (renamed) or ``.lz4`` (lz4 frame).
+A segment created by a roll is first written as ``<name>.meta.new`` and renamed to its final
+name by the flusher once every segment before it is sealed (trimmed and fdatasync'd), so a
+``.meta`` file in the middle of a log is always trimmed; recovery deletes leftover ``.new``
+files (nothing in them was ever made durable, see :mod:`pymetaq.storage.log`).
 
 Thread-safety: :class:`Segment` fields ``written``/``synced`` are mutated under the owning
 partition's lock and read racily (ints, atomic in CPython); :class:`FileRegion` owns a private
@@ -19,6 +23,7 @@ from types import TracebackType
 from pymetaq.storage.disk import SegmentFile
 
 SUFFIX = ".meta"
+NEW_SUFFIX = ".meta.new"
 ARCHIVE_SUFFIX = ".meta.arc"
 LZ4_SUFFIX = ".meta.lz4"
 _NAME = re.compile(r"^(\d{20,})\.meta$")
@@ -55,8 +60,12 @@ class Segment:
     file: SegmentFile
     written: int = 0
     synced: int = 0
-    capacity: int = 0  # 0 = immutable (sealed)
+    capacity: int = 0  # 0 = no more appends (sealed, or rolled with its seal pending)
     path: str = field(default="")
+    #: rolled but not yet sealed: the flusher trims the file to ``written`` and fdatasyncs it
+    seal_pending: bool = False
+    #: created as ``<name>.meta.new``: the flusher renames it to this path (then syncs the dir)
+    final_path: str | None = None
 
     @property
     def end(self) -> int:
@@ -64,7 +73,8 @@ class Segment:
 
     @property
     def mutable(self) -> bool:
-        return self.capacity > 0
+        """Still changing: the active segment, or one whose seal/rename the flusher owes."""
+        return self.capacity > 0 or self.seal_pending or self.final_path is not None
 
 
 class FileRegion:

@@ -8,7 +8,8 @@ Client calls (``pymetaq.client``; ``start`` raises ``SystemUnavailable`` when th
   a Redis pipeline: produce sends ``batch`` values per call, the latency cases send whatever is
   due as one call; ``flush()``, ``close()``.
 - ``Consumer(servers, group, FileOffsetStore(path), recover_dir=...)``, ``subscribe(topic)``,
-  ``poll(timeout_s) -> list[Message]`` (long-poll gets; ``Message.value``), ``close()``.
+  ``poll(timeout_s) -> Messages`` (long-poll gets, CRCs checked; ``Message.value``; consume
+  takes every payload with ``.values()``, as the peers' clients hand back payloads), ``close()``.
 
 Broker: ``pymetaq server -f <workdir>/pymetaq/server.ini`` (the venv's console script), one
 partition per topic, two topic patterns, one per durability mode:
@@ -20,9 +21,11 @@ partition per topic, two topic patterns, one per durability mode:
 
 Cases mirror the peers (see ``bench/systems/redis_sys.py``): produce = ``send_many`` of
 ``batch`` messages for ``seconds`` then ``flush()`` (counted: acks without error); consume =
-pre-fill then ``poll`` until drained or ``seconds``; latency = open-loop ``send_many`` of what is
-due (up to ``batch``), each message's latency taken when its batch handle completes; e2e = a
-producer thread plus a long-polling consumer.
+pre-fill then ``poll`` until drained or ``seconds``; ack latency = open-loop, every due message
+sent with ``send_async`` (the public per-message API), each message's latency taken when its
+own handle completes (the producer batches adaptively: it sends at once when nothing is in
+flight and batches what accumulates meanwhile); e2e = a producer thread (``send_many`` of what
+is due) plus a long-polling consumer.
 
 Thread-safety: one runner thread; handles complete on the producer's I/O thread (the recorder
 and the error counter are safe there); ``e2e_latency`` adds one producer thread.
@@ -37,6 +40,7 @@ import shutil
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +165,7 @@ class PymetaqSystem(System):
             start = time.perf_counter()
             deadline = start + seconds
             while got < total and time.perf_counter() < deadline:
-                got += len(consumer.poll(1.0))
+                got += len(consumer.poll(1.0).values())  # payloads as bytes, like the peers
             elapsed = time.perf_counter() - start
         finally:
             consumer.close()
@@ -175,7 +179,7 @@ class PymetaqSystem(System):
         rec = LatencyRecorder(loop.record_from_ns)
         producer = self._producer(batch, LATENCY_LINGER_MS)
         try:
-            sent = _send_open_loop(producer, topic, loop, batch, msg_bytes, rec)
+            sent = _send_async_open_loop(producer, topic, loop, batch, msg_bytes, rec)
             producer.flush()
         finally:
             producer.close()
@@ -289,6 +293,36 @@ def _send_open_loop(
             handle.add_done_callback(_recorder(rec, scheduled))
         sent += n
     return sent
+
+
+def _send_async_open_loop(
+    producer: Any, topic: str, loop: OpenLoop, batch: int, msg_bytes: int, rec: LatencyRecorder
+) -> int:
+    """``loop``'s schedule through the public per-message API: every due message is one
+    ``send_async``, and its ack is taken from its own handle's callback (measured from the
+    message's scheduled time, so a sender that falls behind shows in the figures)."""
+    sent = 0
+    send = producer.send_async
+    while sent < loop.total:
+        now = time.perf_counter_ns()
+        if loop.gave_up(now):
+            break
+        n = loop.due(now, sent, batch)
+        if n == 0:
+            loop.pause(sent)
+            continue
+        for i in range(sent, sent + n):
+            t = loop.scheduled_ns(i)
+            send(topic, stamped(t, msg_bytes)).add_done_callback(partial(_acked, rec, t))
+        sent += n
+    return sent
+
+
+def _acked(rec: LatencyRecorder, scheduled: int, handle: Any) -> None:
+    """A message's ack (on the producer's I/O thread); failures are not recorded."""
+    now = time.perf_counter_ns()
+    if handle.exception() is None:
+        rec.record(scheduled, now)
 
 
 def _recorder(rec: LatencyRecorder, scheduled: list[int]) -> Any:

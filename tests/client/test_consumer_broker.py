@@ -27,6 +27,7 @@ from pymetaq.client.core import BrokerSet, Message, build_records
 from pymetaq.client.protocol import BatchPutCommand
 from pymetaq.offsets import FileOffsetStore, OffsetEntry, SqlOffsetStore, open_offset_store
 from tests._broker import BrokerProcess
+from tests._services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPICS = {
@@ -178,6 +179,67 @@ def test_real_301_moves_the_offset(tmp_path: Path) -> None:
             assert [m.value for m in got] == [b"one", b"two"]
 
 
+def test_offset_below_retention_moves_to_the_first_segment(tmp_path: Path) -> None:
+    """A committed offset whose segment retention deleted: 301 -> resume at the new start."""
+    topics = {"ret": {"deletePolicy": "delete,0s", "deleteWhen": "* * * * * ?"}}
+    system = {"maxSegmentSize": 4096, "serverPort": free_port()}
+    with BrokerProcess.start(tmp_path, system=system, topics=topics) as b:
+        store = FileOffsetStore(tmp_path / "o.json")
+        tp = TopicPartition("ret", 0, 0)
+        produce(b, "ret", 0, [b"old-%03d" % i for i in range(10)])
+        with Consumer(server(b), "rg", store, **FAST) as c:
+            c.subscribe("ret")
+            got: list[Message] = []
+            while len(got) < 3:
+                got += c.poll(1.0, max_records=3 - len(got))
+        committed = store.load("rg", "ret", "0-0")
+        assert committed is not None and committed.offset == got[2].next_offset
+        # restart: the broker's retention schedule covers the logs that exist when it starts
+        b.terminate()
+        b.launch()
+        # roll several segments; retention deletes the immutable ones (keep 0 s, every second)
+        for k in range(5):
+            produce(b, "ret", 0, [b"new-%d-%03d" % (k, i) for i in range(200)])
+
+        def first_offset() -> int:
+            with Consumer(server(b), None, **FAST) as probe:
+                probe.subscribe("ret")
+                return probe._lt.run(probe._engine.bound(tp, end=False))
+
+        wait_for(lambda: first_offset() > committed.offset, 60, "retention")
+        start = first_offset()
+        with Consumer(server(b), "rg", store, **FAST) as c:
+            c.subscribe("ret")
+            batch = c.poll(5.0)
+            while not batch:
+                batch = c.poll(5.0)
+            assert batch[0].offset >= start and batch[0].value.startswith(b"new-")
+            assert c.stats["moved"] == 1
+
+
+def test_corrupt_record_on_disk_is_never_delivered(tmp_path: Path) -> None:
+    """A record whose bytes rot on the broker's disk: the ones before it are delivered once,
+    the bad one (and so everything after it, in order) is not; the errors are counted."""
+    with BrokerProcess.start(tmp_path, topics={"rot": {}}) as b:
+        values = [b"rot-%02d" % i for i in range(10)]
+        produce(b, "rot", 0, values)
+        seg = next((b.data_path / "rot-0").glob("*.meta"))
+        with open(seg, "r+b") as f:  # flip one payload byte of record 5 (26 bytes each)
+            f.seek(5 * 26 + 20 + 2)
+            byte = f.read(1)
+            f.seek(5 * 26 + 20 + 2)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with Consumer(server(b), None, initial_position="earliest", **FAST) as c:
+            c.subscribe("rot")
+            got: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while c.stats["crc_errors"] < 3 and time.monotonic() < deadline:
+                got += [m.value for m in c.poll(0.2)]
+            assert got == values[:5]
+            assert c.stats["crc_errors"] >= 3  # detected, resynced, detected again, ...
+            assert c.position(TopicPartition("rot", 0, 0)) == 5 * 26
+
+
 def test_max_size_grows_for_a_big_record(broker: BrokerProcess) -> None:
     big = os.urandom(5000)
     produce(broker, "big", 0, [b"small", big, b"after"])
@@ -194,6 +256,29 @@ def test_max_size_grows_for_a_big_record(broker: BrokerProcess) -> None:
             return out
 
     assert asyncio.run(go()) == [b"small", big, b"after"]
+
+
+@pytest.mark.crash
+def test_survives_a_broker_kill9_and_restart(tmp_path: Path) -> None:
+    """The broker dies under a listener consumer and comes back on the same port: every
+    acknowledged message is consumed, in order, nothing skipped."""
+    port = free_port()
+    with BrokerProcess.start(tmp_path, system={"serverPort": port}, topics={"r": {}}) as b:
+        first = [b"r-%04d" % i for i in range(500)]
+        produce(b, "r", 0, first)
+        got: list[bytes] = []
+        store = FileOffsetStore(tmp_path / "o.json")
+        with Consumer(server(b), "rg", store, **FAST) as c:
+            c.subscribe("r", lambda m: got.append(m.value))
+            c.start()
+            wait_for(lambda: len(got) == 500, what="before the crash")
+            b.kill()
+            b.launch()  # same config, same port, same data
+            second = [b"r-%04d" % i for i in range(500, 800)]
+            produce(b, "r", 0, second)
+            wait_for(lambda: len(got) >= 800, what="after the restart")
+        assert got == first + second
+        assert c.stats["errors"] >= 1  # it did see the broker go away
 
 
 # ---------------------------------------------------------------- failures, spool, broadcast
@@ -286,6 +371,7 @@ def kill_loop(
             child.wait(30)
             if child.stderr:
                 child.stderr.close()
+        print(f"killed at progress {progress()} (target {target} of {total})")
     child = start()
     try:
         wait_for(lambda: progress() >= total or child.poll() is not None, 120, "completion")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pymetaq.client.consumer import AsyncConsumer, Consumer, offset_entry
+from pymetaq.client.consumer_batch import MessageBatch, Messages
 from pymetaq.client.consumer_config import (
     ConsumerConfig,
     InitialPosition,
@@ -441,3 +442,62 @@ def test_drop_policy_and_offset_entry() -> None:
     p.reject(m, RuntimeError("x"))
     assert p.dropped == 1
     assert offset_entry(m) == OffsetEntry("t", "3-1", 62, 9)
+
+
+# ---------------------------------------------------------------- lazy batches, lz4 positions
+
+
+def test_lazy_batch_views_values_and_equality() -> None:
+    log = FakeLog()
+    for i in range(5):
+        log.append(b"z%d" % i)
+    sc = scan(bytes(log.data), TP, 100)
+    batch = sc.messages
+    assert isinstance(batch, MessageBatch) and len(batch) == 5
+    eager = [
+        Message("t", 0, 100 + 22 * i, i + 1, b"z%d" % i, None, 122 + 22 * i, 0) for i in range(5)
+    ]
+    assert list(batch) == eager and batch[-1] == eager[-1] and batch[1] == eager[1]
+    view = batch[1:4]
+    assert list(view) == eager[1:4] and view.values() == [b"z1", b"z2", b"z3"]
+    both = Messages([view, [eager[0]]])
+    assert both == [*eager[1:4], eager[0]] and len(both) == 4 and both[3] == eager[0]
+    assert both.values() == [b"z1", b"z2", b"z3", b"z0"]
+    assert Messages([]) == [] and not Messages([])
+
+
+def test_lz4_batch_position_stays_at_the_record_until_its_last_message() -> None:
+    batch = compress_batch([build_record(b"a"), build_record(b"b"), build_record(b"c")])
+    buf = stamped(b"before", 1) + batch
+    sc = scan(buf, TP, 0)
+    st = PartitionState(TP, 0, 1 << 20)
+    assert apply_scan(st, sc, len(buf), cfg()) is Step.PROGRESS
+    positions = []
+    for _ in range(4):
+        st.consume_head()
+        positions.append(st.position)
+    assert positions == [26, 26, 26, len(buf)]  # a crash mid-batch redelivers the batch
+
+
+def test_assign_commits_released_partitions_and_positions_new_ones(tmp_path: Path) -> None:
+    tr, ids = two_partitions(6)
+    store = FileOffsetStore(tmp_path / "o.json")
+    tp0, tp1 = TopicPartition("t", 0, 0), TopicPartition("t", 0, 1)
+
+    async def main() -> None:
+        c = AsyncConsumer(group="g", offset_store=store, config=cfg(), transport=tr).subscribe("t")
+        got: list[Message] = []
+        while len(got) < 6:
+            got += await c.poll(1.0)
+        await c.poll(0.01)  # the first poll's messages now count as consumed
+        await c.assign([tp0])  # release tp1: its position is committed first
+        assert c.assignment() == [tp0]
+        e = store.load("g", "t", "0-1")
+        assert e is not None and e.offset == tr.logs[tp1].max_offset and e.msg_id == ids[tp1][-1]
+        tr.logs[tp1].append(b"new")
+        await c.assign([tp0, tp1])  # owned again: resumes at the committed offset
+        more = await c.poll(1.0)
+        assert [m.value for m in more] == [b"new"]
+        await c.close()
+
+    run(main())

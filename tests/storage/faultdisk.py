@@ -61,6 +61,11 @@ class FaultFile:
             self.disk.check()
             self.inner.truncate(size)
 
+    def grow(self, capacity: int) -> None:
+        with self.disk.lock:
+            self.disk.check()
+            self.inner.grow(capacity)
+
     def read_at(self, pos: int, n: int) -> bytes:
         return self.inner.read_at(pos, n)
 
@@ -130,6 +135,9 @@ class FaultDisk:
             st = self.states.pop(src, None)
             if st is not None:
                 self.states[dst] = st
+            for f in self.files:  # open files follow their inode
+                if f.path == src:
+                    f.path = dst
 
     def crash(self) -> dict[str, int]:
         """Power loss now.  Returns the number of torn bytes kept per file (for debugging)."""

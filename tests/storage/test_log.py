@@ -208,17 +208,35 @@ def test_per_topic_data_path(tmp_path: Path) -> None:
     m.close()
 
 
-def test_threshold_mode_bounds_unflushed_messages(tmp_path: Path) -> None:
-    m = manager(str(tmp_path), threshold=5, interval_ms=60_000)
+def test_threshold_mode_acks_below_n_at_once_and_defers_the_nth(tmp_path: Path) -> None:
+    """N = 5: an append leaving < 5 acked-but-unflushed messages is acked before it returns;
+    the one that would make it 5 is acked only by the fsync that covers it; append never
+    blocks (the flusher thread is not even running here)."""
+    m = manager(str(tmp_path), threshold=5, interval_ms=60_000, start=False)
     plog = m.get_log("t", 0)
     assert plog is not None
-    for i in range(23):
-        plog.append(batch([b"%02d" % i]))  # 22-byte records
-        # acked-but-unflushed messages stay under the threshold: the 5th waits for the fsync
-        assert plog.write_offset - plog.max_offset < 5 * 22
-    # visibility: max_offset moves only with fsync (every 5th message here, long interval)
-    assert plog.max_offset == 20 * 22 and plog.write_offset == 23 * 22
-    assert len(read_all(plog, wait=False)) == 20
+    acked: list[int] = []
+
+    def append(i: int, n: int = 1) -> None:
+        recs = batch([b"%02d" % i] * n)  # 22-byte records
+        plog.append(recs, on_durable=lambda _r, e: acked.append(i) if e is None else None)
+
+    for i in range(4):
+        append(i)
+    assert acked == [0, 1, 2, 3] and plog.max_offset == 0  # acked, unflushed, invisible
+    append(4)  # would leave 5 acked unflushed: deferred, and append returned at once
+    assert acked == [0, 1, 2, 3] and plog.write_offset == 5 * 22
+    m._flusher.run_once()  # the fsync that covers it
+    assert acked == [0, 1, 2, 3, 4] and plog.max_offset == 5 * 22
+    for i in range(5, 9):  # the count restarted at the fsync
+        append(i)
+    assert acked == list(range(9)) and plog.max_offset == 5 * 22
+    append(9, n=5)  # one batch of N is never acked before its fsync
+    append(10)  # acked at once? 4 acked unflushed + 1 = 5: no, deferred too
+    assert acked == list(range(9))
+    m._flusher.run_once()
+    assert sorted(acked) == list(range(11)) and plog.max_offset == plog.write_offset
+    assert len(read_all(plog, wait=False)) == 15
     m.close()
 
 

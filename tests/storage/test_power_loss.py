@@ -1,8 +1,9 @@
 """Power loss with a fault-injecting disk: unsynced writes dropped, the last one torn.
 
-Group commit: every acknowledged record survives.  Threshold mode (N messages / T ms): at most
-N - 1 acknowledged messages are lost, and nothing acknowledged more than T ms (on the
-flusher's clock) before the crash is lost.
+Group commit: every acknowledged record survives.  Threshold mode (N messages / T ms): an
+append is acknowledged at once only while that leaves fewer than N acknowledged-but-unflushed
+messages (else at its fsync), so at most **N - 1** acknowledged messages are lost, and nothing
+acknowledged more than T ms (on the flusher's clock) before the crash is lost.
 """
 
 from __future__ import annotations
@@ -116,13 +117,29 @@ def test_threshold_mode_loses_at_most_n_messages(tmp_path: Path, seed: int) -> N
         m.start()
         plog = m.get_log("t", 0)
         assert plog is not None
-        acked: list[tuple[int, bytes]] = []
+        acked: list[tuple[int, bytes]] = []  # (offset, data) of every acknowledged record
+        lock = threading.Lock()
         for _ in range(rng.randrange(1, 80)):
-            p = _payload(rng)
-            r = plog.append(batch([p]))  # acknowledged on return in threshold mode
-            acked.append((r.offset, p))
+            ps = [_payload(rng) for _ in range(rng.choice([1, 1, 1, 2, 3, n]))]
+
+            def cb(
+                r: AppendResult,
+                e: BaseException | None,
+                ps: list[bytes] = ps,
+                acked: list[tuple[int, bytes]] = acked,
+                lock: threading.Lock = lock,
+            ) -> None:
+                if e is None:  # at once, or from the flusher at the covering fsync
+                    with lock:
+                        pos = r.offset
+                        for p in ps:
+                            acked.append((pos, p))
+                            pos += 20 + len(p)
+
+            plog.append(batch(ps), on_durable=cb)
         disk.crash()
-        abandon(m)
+        abandon(m)  # joins the flusher: no callback runs after this
+        acked.sort()
         m2 = _open(path, FaultDisk(rng), threshold=n)
         m2.start()
         p2 = m2.get_log("t", 0)

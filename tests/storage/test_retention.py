@@ -136,6 +136,18 @@ def test_scheduled_retention_runs_on_its_own(tmp_path: Path) -> None:
     m.close()
 
 
+def test_scheduled_retention_covers_logs_created_after_start(tmp_path: Path) -> None:
+    """A partition first written after start() (the broker's usual case) gets its schedule
+    without any reload: the scheduler must not sleep forever on an empty schedule."""
+    m = _fill("delete,1s", tmp_path, when="every 1s")  # the log is created after start()
+    plog = m.get_log("t", 0)
+    assert plog is not None
+    _age(m, 60)
+    wait_for(lambda: len(plog.segments) == 1, timeout=20)
+    assert plog.min_offset == plog.write_offset - plog.segments[0].written
+    m.close()
+
+
 def test_reload_topic_config_switches_flush_mode_and_policy(tmp_path: Path) -> None:
     current = {"cfg": TopicStoreConfig(unflush_threshold=10**6, unflush_interval_ms=10**7)}
     m = MessageStoreManager(
