@@ -24,10 +24,11 @@ seam for group rebalancing (cluster issue).
 Throughput: a fetch buffers one reply (up to ``fetch_max_size``, 1 MiB = MetaQ's
 ``maxTransferSize``) and sends the next ``get`` at once (read-ahead), so the network and the
 broker work while the application processes the buffer. Memory per owned partition: the
-buffer, one raw reply read ahead and (poll mode) the batch the caller still holds, each at
-most ``fetch_max_size_cap`` bytes. Listener mode calls the listener in chunks of 256 with
-nothing else per message; positions are updated per chunk (and at a failure), and a
-``close()`` or ``seek()`` is noticed between chunks.
+buffer, one raw reply read ahead and (poll mode) the batch the caller still holds, each from
+one reply of at most ``fetch_max_size_cap`` bytes (a decoded buffer keeps a ``bytes`` payload
+and an id per record: about 1.5x the reply's size for 100-byte messages). Listener mode
+calls the listener in chunks of 256 with nothing else per message; positions are updated per
+chunk (and at a failure), and a ``close()`` or ``seek()`` is noticed between chunks.
 
 Thread-safety: ``Consumer`` methods may be called from any thread; listener calls come from
 the consumer's worker threads (``fetch_runner_count`` of them), one partition at a time.

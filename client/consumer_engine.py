@@ -2,7 +2,7 @@
 
 One engine serves both faces: :class:`~pymetaq.client.consumer.AsyncConsumer` runs it on the
 application's event loop, :class:`~pymetaq.client.consumer.Consumer` on its own
-``LoopThread`` (listener workers call :meth:`ConsumerEngine.fetch_round` through it).
+``LoopThread`` (listener workers call :meth:`ConsumerEngine.fetch_ahead` through it).
 
 * ``open()`` learns the subscribed topics' partitions and, without ZooKeeper, owns all of
   them; ``assign(partitions)`` is the seam group rebalancing will use (it commits released
@@ -36,7 +36,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +53,9 @@ from pymetaq.client.consumer_fetch import (
     END_OFFSET,
     BrokerTransport,
     ConsumerTransport,
-    FetchReply,
     FetchStatus,
     PartitionState,
+    Prefetched,
     Step,
     apply_scan,
     backoff,
@@ -69,16 +68,6 @@ log = logging.getLogger("pymetaq.client.consumer")
 
 #: steps after which a fetch round continues at once (no result for the caller yet).
 _AGAIN = (Step.GROW, Step.SKIPPED, Step.RESYNC)
-
-
-@dataclass(frozen=True, slots=True)
-class Prefetched:
-    """A raw ``get`` reply fetched ahead (listener mode), with what it was asked for."""
-
-    offset: int
-    generation: int
-    started: float  # time.monotonic() when the get was sent (long-poll accounting)
-    reply: FetchReply
 
 
 class ConsumerEngine:
@@ -208,8 +197,8 @@ class ConsumerEngine:
                 return step
 
     async def prefetch(self, st: PartitionState) -> Prefetched:
-        """The raw reply of the next ``get`` (no state is touched: the worker may still be
-        delivering the buffer); :meth:`fetch_round` applies it later."""
+        """The raw reply of the next ``get`` (no state is touched: the caller may still be
+        processing the buffer); :meth:`fetch_round` applies it later."""
         offset, gen, wait = st.fetch_offset, st.generation, self.config.long_poll_ms
         started = time.monotonic()
         reply = await self.transport.fetch(st.tp, self.wire_group, offset, st.max_size, wait)

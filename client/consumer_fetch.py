@@ -1,4 +1,4 @@
-"""The consumer's fetch side: the transport seam, the fast record scan, per-partition state.
+"""The consumer's fetch side: the transport seam, read-ahead replies, per-partition state.
 
 * :class:`ConsumerTransport` is the seam between the consumer logic and the network: three
   async calls (``partitions``, ``fetch``, ``nearest_offset``). :class:`BrokerTransport`
@@ -49,6 +49,16 @@ class FetchReply:
     data: bytes = b""
     new_offset: int = -1
     error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetched:
+    """A raw ``get`` reply fetched ahead (read-ahead), with what it was asked for."""
+
+    offset: int
+    generation: int
+    started: float  # time.monotonic() when the get was sent (long-poll accounting)
+    reply: FetchReply
 
 
 class ConsumerTransport(Protocol):

@@ -133,7 +133,7 @@ def scan(
                         break
                     continue
             pos, status = _walk(buf, pos, end, base, verify, max_record, cols)
-            if status is _FLAGGED:
+            if status == _FLAGGED:
                 return _scan_eager(buf, tp, base, verify, max_record)
             if status is not None:
                 if status:  # a corrupt record (empty string: a partial one, just stop)

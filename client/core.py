@@ -10,7 +10,7 @@ Import from here (``from pymetaq.client.core import ...``); the pieces live in s
 | ``BrokerConnection`` | ``connection`` | one pipelined asyncio connection (opaque matching) |
 | ``raise_for_reply(reply)`` | ``connection`` | non-200 ``result`` -> the mapped exception |
 | ``LoopThread`` | ``connection`` | an asyncio loop in a daemon thread (one per sync client) |
-| ``Message``, ``SendResult`` | ``message`` | frozen dataclasses |
+| ``Message``, ``SendResult`` | ``message`` | a named tuple; a frozen dataclass |
 | ``Partition(broker_id, partition)`` | ``message`` | a NamedTuple; ``.key`` = ``"b-p"``, sorted as MetaQ |
 | ``build_record``, ``build_records``, ``compress_batch`` | ``message`` | record building |
 | ``decode_messages(buf, topic, partition, base_offset, verify=True, *, broker_id=0)`` |

@@ -34,8 +34,10 @@ In threshold mode this means consumers see new data after the next fsync (at mos
 ``unflush_interval_ms`` later), as in MetaQ.
 
 Thread-safety: appends, roll, sync bookkeeping and retention take the partition lock; the
-fdatasync, seals and renames run outside it, on the flusher thread (or in ``close``).  Reads take no lock: they use an immutable snapshot of the
-segment list and ``pread``/a dup'd descriptor on the durable range only.
+fdatasync, seals and renames run outside it, on the flusher thread (or in ``close``; or a
+small fdatasync with no roll work on the appending thread, :meth:`PartitionLog.sync_inline`),
+one sync at a time per log (the sync lock).  Reads take no lock: they use an immutable
+snapshot of the segment list and ``pread``/a dup'd descriptor on the durable range only.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import enum
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -105,6 +108,7 @@ class PartitionLog:
         self.config = config
         self._store, self._disk, self._ids, self._flusher = store, disk, ids, flusher
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one sync at a time (flusher, loop, close)
         self._view: tuple[tuple[Segment, ...], list[int]] = ((), [])
         self._set_view(segments)
         self.write_offset = segments[-1].end
@@ -148,13 +152,16 @@ class PartitionLog:
         stamp_ids: bool = True,
         on_durable: DurableCallback | None = None,
         max_record_size: int | None = None,
+        defer_flush: bool = False,
     ) -> AppendResult:
         """Validate, stamp and write one batch of complete records (see the module doc).
 
         ``max_record_size`` bounds each record's data length (its header's length field, i.e.
         the record's size minus the 20-byte header): a batch holding a longer record raises
         :class:`~pymetaq.storage.errors.InvalidRecords` and nothing is written.  Never blocks
-        on an fsync.
+        on an fsync.  ``defer_flush=True``: if the append needs an fsync, the flusher is *not*
+        asked for it; the caller promises to call :meth:`sync_inline` or
+        :meth:`request_flush` soon (the broker batches one loop iteration's appends so).
         """
         n = len(records)
         with self._lock:
@@ -184,14 +191,16 @@ class PartitionLog:
                 # group commit, or acking now would leave N acknowledged messages unflushed
                 if on_durable is not None:
                     self._waiters.append((result, on_durable))
-                self._flusher.request(self)
+                if not defer_flush:
+                    self._flusher.request(self)
                 return result
             self._acked_unflushed += count
             if 2 * self._acked_unflushed >= cfg.unflush_threshold and not self._flush_asked:
                 # half way to N: fsync now, so the count is back down before it reaches N
                 # (else every append would wait for that fsync, as if in group commit)
                 self._flush_asked = True
-                self._flusher.request(self)
+                if not defer_flush:
+                    self._flusher.request(self)
         if on_durable is not None:
             on_durable(result, None)
         return result
@@ -245,13 +254,46 @@ class PartitionLog:
 
     # -- durability ----------------------------------------------------------------------
 
+    def request_flush(self) -> None:
+        """Ask the flusher thread for a :meth:`sync` (after ``append(defer_flush=True)``)."""
+        self._flusher.request(self)
+
+    def sync_inline(self, max_bytes: int) -> bool:
+        """Run :meth:`sync` on this thread if it is cheap, and say whether it ran.
+
+        Cheap: no other sync is running, no roll is unfinished (seals and renames stay on the
+        flusher) and at most ``max_bytes`` are written but not fsynced.  On False nothing was
+        done: the caller falls back to :meth:`request_flush`.  The broker's event loop uses
+        it to acknowledge a small group commit without two thread handoffs.
+        """
+        if not self._sync_lock.acquire(blocking=False):
+            return False
+        try:
+            with self._lock:
+                unsynced = 0
+                for s in self._view[0]:
+                    if s.seal_pending or s.final_path is not None:
+                        return False
+                    unsynced += s.written - s.synced
+                if unsynced > max_bytes:
+                    return False
+            self._sync_locked(time.monotonic())
+            return True
+        finally:
+            self._sync_lock.release()
+
     def sync(self, now: float = 0.0) -> None:
         """fdatasync everything written so far, then advance ``max_offset`` and ack waiters.
 
         Also finishes rolls, in segment order: seals (trim + fdatasync) rolled segments and
-        renames new ones to their final names.  Called by the flusher thread (or by close);
-        the I/O runs outside the lock.
+        renames new ones to their final names.  Called by the flusher thread (or by close, or
+        by :meth:`sync_inline`); one sync at a time (the sync lock), the I/O outside the
+        partition lock.
         """
+        with self._sync_lock:
+            self._sync_locked(now)
+
+    def _sync_locked(self, now: float) -> None:
         with self._lock:
             self.last_sync = now
             target = self.write_offset

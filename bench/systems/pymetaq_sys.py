@@ -19,6 +19,13 @@ partition per topic, two topic patterns, one per durability mode:
 | ``bench-g*`` | 0 | 1000 ms | ``group``: group commit, ack after the covering fdatasync |
 | ``bench-t*`` | 1000 | 1000 ms | ``threshold``: MetaQ's default mode, ack before fsync |
 
+Two more modes run the same topics through the **asyncio face** (``AsyncProducer`` on the
+case's own event loop: no app-thread to I/O-thread handoff): ``group-asyncio`` and
+``threshold-asyncio`` (topic patterns by their first letter, as above). There ack latency
+sends every due message with ``send_nowait`` on the loop and yields to it after each burst;
+produce awaits ``send_many`` handles (at most 8 unacknowledged); e2e runs the asyncio producer
+in its thread with ``asyncio.run``.
+
 Cases mirror the peers (see ``bench/systems/redis_sys.py``): produce = ``send_many`` of
 ``batch`` messages for ``seconds`` then ``flush()`` (counted: acks without error); consume =
 pre-fill then ``poll`` until drained or ``seconds``; ack latency = open-loop, every due message
@@ -33,6 +40,7 @@ and the error counter are safe there); ``e2e_latency`` adds one producer thread.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import itertools
@@ -68,6 +76,7 @@ THRESHOLD = (
     "threshold (unflushThreshold=1000, unflushInterval=1000 ms): acks before fsync; "
     "power loss loses up to 1000 msgs / 1 s of acked messages"
 )
+ASYNCIO = " - asyncio face: AsyncProducer on the caller's event loop (no app-to-I/O-thread handoff)"
 PARTITIONS = 1
 THROUGHPUT_LINGER_MS = 5
 LATENCY_LINGER_MS = 0
@@ -101,7 +110,12 @@ unflushInterval=1000
 
 class PymetaqSystem(System):
     name = "pymetaq"
-    modes = (Mode("group", GROUP), Mode("threshold", THRESHOLD))
+    modes = (
+        Mode("group", GROUP),
+        Mode("threshold", THRESHOLD),
+        Mode("group-asyncio", GROUP + ASYNCIO),
+        Mode("threshold-asyncio", THRESHOLD + ASYNCIO),
+    )
 
     def __init__(self) -> None:
         self._server: ServerProcess | None = None
@@ -143,6 +157,11 @@ class PymetaqSystem(System):
             self._servers, linger_ms=linger_ms, batch_messages=batch, max_in_flight=8
         )
 
+    def _async_producer(self, batch: int, linger_ms: int) -> Any:
+        return self._client.AsyncProducer(
+            self._servers, linger_ms=linger_ms, batch_messages=batch, max_in_flight=8
+        )
+
     def _consumer(self, topic: str) -> Any:
         store = self._offsets(self._workdir / "offsets" / f"{topic}.json")
         recover = str(self._workdir / "recover")
@@ -153,7 +172,9 @@ class PymetaqSystem(System):
     # ------------------------------------------------------------------ cases
 
     def produce(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
-        count, elapsed, note = self._fill(self._topic(mode, "produce"), msg_bytes, batch, seconds)
+        count, elapsed, note = self._fill(
+            self._topic(mode, "produce"), msg_bytes, batch, seconds, mode
+        )
         return Throughput(count, count * msg_bytes, elapsed, note=note)
 
     def consume(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
@@ -175,6 +196,8 @@ class PymetaqSystem(System):
         self, rate: int, msg_bytes: int, batch: int, seconds: float, mode: str
     ) -> Latency:
         topic = self._topic(mode, "ack")
+        if _asyncio_face(mode):
+            return asyncio.run(self._ack_latency_async(topic, rate, msg_bytes, batch, seconds))
         loop = OpenLoop(rate, seconds)
         rec = LatencyRecorder(loop.record_from_ns)
         producer = self._producer(batch, LATENCY_LINGER_MS)
@@ -183,6 +206,20 @@ class PymetaqSystem(System):
             producer.flush()
         finally:
             producer.close()
+        elapsed = (time.perf_counter_ns() - loop.start_ns) / NS
+        return rec.result(rate, sent, elapsed, note=loop.shortfall_note(sent))
+
+    async def _ack_latency_async(
+        self, topic: str, rate: int, msg_bytes: int, batch: int, seconds: float
+    ) -> Latency:
+        """ack_latency through ``AsyncProducer``: the schedule runs on the event loop that does
+        the I/O, and each message's ack is taken from its handle's callback."""
+        async with self._async_producer(batch, LATENCY_LINGER_MS) as producer:
+            await producer.publish(topic)
+            loop = OpenLoop(rate, seconds)
+            rec = LatencyRecorder(loop.record_from_ns)
+            sent = await _send_nowait_open_loop(producer, topic, loop, batch, msg_bytes, rec)
+            await producer.flush()
         elapsed = (time.perf_counter_ns() - loop.start_ns) / NS
         return rec.result(rate, sent, elapsed, note=loop.shortfall_note(sent))
 
@@ -203,7 +240,16 @@ class PymetaqSystem(System):
         rec = LatencyRecorder(loop.record_from_ns)
         sent: list[int] = []
 
+        async def produce_async() -> None:
+            async with self._async_producer(batch, LATENCY_LINGER_MS) as producer:
+                await producer.publish(topic)
+                sent.append(await _send_nowait_open_loop(producer, topic, loop, batch, msg_bytes))
+                await producer.flush()
+
         def produce() -> None:
+            if _asyncio_face(mode):
+                asyncio.run(produce_async())
+                return
             producer = self._producer(batch, LATENCY_LINGER_MS)
             try:
                 sent.append(_send_open_loop(producer, topic, loop, batch, msg_bytes, None))
@@ -232,11 +278,13 @@ class PymetaqSystem(System):
         return rec.result(rate, total, elapsed, note=loop.shortfall_note(total))
 
     def _fill(
-        self, topic: str, msg_bytes: int, batch: int, seconds: float
+        self, topic: str, msg_bytes: int, batch: int, seconds: float, mode: str = "group"
     ) -> tuple[int, float, str]:
         """send_many ``batch`` messages at a time for ``seconds``, then flush."""
         values = [filler(msg_bytes)] * batch
         errors = _ErrorCount()
+        if _asyncio_face(mode):
+            return asyncio.run(_fill_async(self._async_producer(batch, 5), topic, values, seconds))
         producer = self._producer(batch, THROUGHPUT_LINGER_MS)
         sent = 0
         try:
@@ -316,6 +364,73 @@ def _send_async_open_loop(
             send(topic, stamped(t, msg_bytes)).add_done_callback(partial(_acked, rec, t))
         sent += n
     return sent
+
+
+async def _fill_async(
+    producer: Any, topic: str, values: list[bytes], seconds: float
+) -> tuple[int, float, str]:
+    """``_fill`` through ``AsyncProducer.send_many``, yielding to the loop between batches
+    (and waiting while more than 8 batches are unacknowledged, as the thread face's buffer
+    limit would)."""
+    errors = _ErrorCount()
+    sent = 0
+    async with producer:
+        await producer.publish(topic)
+        pending: list[Any] = []
+        start = time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            handle = producer.send_many(topic, values)
+            handle.add_done_callback(errors.on_done)
+            pending.append(handle)
+            sent += len(values)
+            if len(pending) >= 8:
+                await pending.pop(0)
+            else:
+                await asyncio.sleep(0)
+        await producer.flush()
+        elapsed = time.perf_counter() - start
+    note = f"{errors.count} sends failed: {errors.first!r}" if errors.count else ""
+    return sent - errors.count, elapsed, note
+
+
+async def _send_nowait_open_loop(
+    producer: Any,
+    topic: str,
+    loop: OpenLoop,
+    batch: int,
+    msg_bytes: int,
+    rec: LatencyRecorder | None = None,
+) -> int:
+    """``loop``'s schedule on the event loop: every due message is one ``send_nowait``
+    (acks recorded from each handle's callback when ``rec`` is given), then the loop runs
+    its I/O. Pacing: a wait shorter than 50 us blocks in ``time.sleep`` (the selector's
+    timeout has 1 ms granularity), a longer one is an ``asyncio.sleep``."""
+    sent = 0
+    send = producer.send_nowait
+    while sent < loop.total:
+        now = time.perf_counter_ns()
+        if loop.gave_up(now):
+            break
+        n = loop.due(now, sent, batch)
+        if n == 0:
+            delay = loop.wait_s(sent)
+            if delay < 50e-6:
+                time.sleep(delay)
+            await asyncio.sleep(delay if delay >= 50e-6 else 0)
+            continue
+        for i in range(sent, sent + n):
+            t = loop.scheduled_ns(i)
+            handle = send(topic, stamped(t, msg_bytes))
+            if rec is not None:
+                handle.add_done_callback(partial(_acked, rec, t))
+        sent += n
+        await asyncio.sleep(0)  # let the loop write the batch and read acks
+    return sent
+
+
+def _asyncio_face(mode: str) -> bool:
+    return mode.endswith("-asyncio")
 
 
 def _acked(rec: LatencyRecorder, scheduled: int, handle: Any) -> None:

@@ -1,0 +1,107 @@
+"""The broker's inline group commit (``pymetaq.server.puts.Appender``).
+
+A small group-commit put is fsynced on the event loop and answered in the next loop
+iteration, without the flusher thread (here the flusher is never started, so an answer proves
+the inline path); a large bput (over ``INLINE_SYNC_BYTES``) is handed to the flusher and is not
+answered before the flusher's fsync. Either way the reply carries the stored position and
+nothing is answered before it is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from pymetaq.server.puts import INLINE_SYNC_BYTES, Appender
+from pymetaq.server.stats import Stats
+from pymetaq.storage import MessageStoreManager, StoreConfig, TopicStoreConfig
+from pymetaq.storage.checksum import checksum
+from pymetaq.storage.record import encode_record
+
+
+class FakeConn:
+    def __init__(self) -> None:
+        self.replies: list[bytes] = []
+        self.started = 0
+        self.done = 0
+
+    def request_started(self) -> None:
+        self.started += 1
+
+    def request_done(self) -> None:
+        self.done += 1
+
+    def reply(self, frame: bytes) -> None:
+        self.replies.append(frame)
+
+    def flush_replies(self) -> None:
+        pass
+
+
+def _store(path: Path) -> MessageStoreManager:
+    cfg = TopicStoreConfig(num_partitions=1, unflush_threshold=0)
+    m = MessageStoreManager(StoreConfig(str(path)), lambda t: cfg)
+    m.open()  # flusher thread NOT started
+    return m
+
+
+async def _turns(n: int) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_small_puts_are_fsynced_inline_and_answered_without_the_flusher(tmp_path: Path) -> None:
+    m = _store(tmp_path)
+    plog = m.get_log("t", 0)
+    assert plog is not None
+
+    async def main() -> list[bytes]:
+        appender = Appender(asyncio.get_running_loop(), Stats(), None)
+        conn: Any = FakeConn()
+        for i, value in enumerate((b"one", b"two", b"three")):
+            appender.put(conn, plog, False, value, 0, checksum(value), 10 + i)
+        body = bytearray(encode_record(b"x" * 5) + encode_record(b"y" * 6))
+        appender.batch(conn, plog, False, body, 20)
+        assert conn.replies == [] and plog.max_offset == 0  # not durable yet: no answer
+        await _turns(3)
+        return list(conn.replies)
+
+    replies = asyncio.run(main())
+    first_id = int(replies[0].split(b"\r\n")[1].split()[0])
+    bput_id = int(replies[3].split(b"\r\n")[1].split()[0])  # a later append: a later id
+    assert bput_id > first_id + 2
+    assert replies == [
+        b"result 200 %d 10\r\n%d 0 0" % (len(b"%d 0 0" % first_id), first_id),
+        b"result 200 %d 11\r\n%d 0 23" % (len(b"%d 0 23" % (first_id + 1)), first_id + 1),
+        b"result 200 %d 12\r\n%d 0 46" % (len(b"%d 0 46" % (first_id + 2)), first_id + 2),
+        b"result 200 %d 20\r\n%d 0 71 2" % (len(b"%d 0 71 2" % bput_id), bput_id),
+    ]
+    assert plog.max_offset == plog.write_offset == 71 + 25 + 26  # durable before answered
+    m.close()
+
+
+def test_a_large_bput_waits_for_the_flusher(tmp_path: Path) -> None:
+    m = _store(tmp_path)
+    plog = m.get_log("t", 0)
+    assert plog is not None
+    body = bytearray(encode_record(b"z" * (INLINE_SYNC_BYTES + 1)))
+
+    async def main() -> tuple[list[bytes], list[bytes]]:
+        appender = Appender(asyncio.get_running_loop(), Stats(), None)
+        conn: Any = FakeConn()
+        appender.batch(conn, plog, False, body, 7)
+        await _turns(3)
+        before = list(conn.replies)  # no flusher yet: not durable, not answered
+        await asyncio.to_thread(m._flusher.run_once)
+        for _ in range(100):
+            if conn.replies:
+                break
+            await asyncio.sleep(0.01)
+        return before, list(conn.replies)
+
+    before, after = asyncio.run(main())
+    assert before == [] and len(after) == 1
+    assert after[0].startswith(b"result 200 ") and after[0].endswith(b" 0 0 1")
+    assert plog.max_offset == len(body)
+    m.close()
