@@ -5,8 +5,11 @@
 counter, 1 .. 2**31 - 2, wrapping; ``2**31 - 1`` is what MetaQ uses for an opaque-less
 ``stats``) and the reply is matched by its opaque, so replies may arrive in any order.
 
-* ``send_request(cmd, timeout)`` writes at once and returns an ``asyncio.Future`` (no coroutine
-  per request: the producer's sender uses it to keep many batches in flight).
+* ``send_request(cmd, timeout, on_done=None)`` writes at once and returns an
+  ``asyncio.Future`` (no coroutine per request: the producer's sender uses it to keep many
+  batches in flight). ``on_done(fut)``, if given, is called with the future as soon as it is
+  settled (reply, timeout or failure), directly from the reply handler, one loop iteration
+  earlier than a done-callback (which asyncio schedules with ``call_soon``).
 * ``await request(cmd, timeout)`` is the same, awaited. Both return the raw
   ``ResultReply``/``ValueReply``; :func:`raise_for_reply` turns a non-200 into an exception.
 * A timeout fails that request with :class:`RequestTimeout` (a late reply is dropped).
@@ -29,6 +32,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 import socket
 import threading
 from collections.abc import Callable, Coroutine
@@ -62,6 +66,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 3.0
 DEFAULT_REQUEST_TIMEOUT_S = 3.0
 WRITE_HIGH_WATER = 4 << 20
 _JOIN_BELOW = 16 << 10
+
+log = logging.getLogger(__name__)
 
 
 def raise_for_reply(reply: Reply) -> Reply:
@@ -109,6 +115,8 @@ class BrokerConnection:
         self._parser = Parser(Role.CLIENT, limits)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        #: ``on_done`` hooks of pending requests (called when their future is settled)
+        self._on_done: dict[int, Callable[[asyncio.Future[Reply]], object]] = {}
         self._opaque = 0
         self._transport: asyncio.Transport | None = None
         self._paused = False
@@ -166,16 +174,24 @@ class BrokerConnection:
         return op
 
     def send_request(
-        self, cmd: Any, timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S
+        self,
+        cmd: Any,
+        timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+        on_done: Callable[[asyncio.Future[Reply]], object] | None = None,
     ) -> asyncio.Future[Reply]:
-        """Write ``cmd`` (its ``opaque`` is replaced) and return the future of its reply."""
+        """Write ``cmd`` (its ``opaque`` is replaced) and return the future of its reply;
+        ``on_done(fut)`` runs as soon as the future is settled (see the module doc)."""
         fut: asyncio.Future[Reply] = self._loop.create_future()
         if self._error is not None or self._transport is None:
             fut.set_exception(self._error or ConnectionLost(f"{self.address} is not connected"))
+            if on_done is not None:
+                self._loop.call_soon(on_done, fut)  # never re-enter the caller
             return fut
         op = self._next_opaque()
         line, body = encode_parts(dataclasses.replace(cmd, opaque=op))
         self._pending[op] = fut
+        if on_done is not None:
+            self._on_done[op] = on_done
         if timeout is not None:
             self._timers[op] = self._loop.call_later(timeout, self._expire, op, timeout)
         if len(body) < _JOIN_BELOW:
@@ -215,6 +231,16 @@ class BrokerConnection:
         fut = self._pending.pop(op, None)
         if fut is not None and not fut.done():
             fut.set_exception(RequestTimeout(f"no reply from {self.address} within {timeout:g}s"))
+        self._settled(op, fut)
+
+    def _settled(self, op: int, fut: asyncio.Future[Reply] | None) -> None:
+        """Run request ``op``'s ``on_done`` hook, if any (once: it is popped)."""
+        hook = self._on_done.pop(op, None) if self._on_done else None
+        if hook is not None and fut is not None:
+            try:
+                hook(fut)
+            except Exception:  # a hook must not break the reply loop
+                log.exception("reply hook %r raised", hook)
 
     def _on_data(self, data: bytes) -> None:
         parser = self._parser
@@ -247,6 +273,7 @@ class BrokerConnection:
                 timer.cancel()
             if not fut.done():
                 fut.set_result(event)
+            self._settled(op, fut)
 
     def _complete_error(self, op: int, exc: MetaClientError) -> None:
         fut = self._pending.pop(op, None)
@@ -255,6 +282,7 @@ class BrokerConnection:
             timer.cancel()
         if fut is not None and not fut.done():
             fut.set_exception(exc)
+        self._settled(op, fut)
 
     def _on_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""
@@ -267,10 +295,14 @@ class BrokerConnection:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        for fut in pending.values():
+        hooks, self._on_done = self._on_done, {}
+        for op, fut in pending.items():
             if not fut.done():
                 fut.set_exception(ConnectionLost(str(error)))
                 fut.exception()  # mark retrieved: nobody may be awaiting a pipelined request
+            hook = hooks.get(op)
+            if hook is not None:
+                self._loop.call_soon(hook, fut)  # _fail may run inside a caller: no re-entry
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -21,8 +21,9 @@ Import from here (``from pymetaq.client.core import ...``); the pieces live in s
 -> sorted ``list[Partition]``; ``cached_partitions(topic)`` (any thread, no I/O);
 ``await connection(broker_id)`` / ``cached_connection(broker_id)``; ``invalidate(topic)``
 (background refresh); ``brokers`` -> {id: url}; ``close()``. ``BrokerConnection``:
-``await open(host, port, connect_timeout=, limits=)``, ``send_request(cmd, timeout)`` ->
-``asyncio.Future``, ``await request(cmd, timeout)``, ``send_oneway(cmd)``, ``close()``,
+``await open(host, port, connect_timeout=, limits=)``, ``send_request(cmd, timeout,
+on_done=None)`` -> ``asyncio.Future`` (``on_done(fut)`` runs once it is settled, from the reply
+handler itself), ``await request(cmd, timeout)``, ``send_oneway(cmd)``, ``close()``,
 ``closed``; the command's ``opaque`` is replaced by the connection's counter.
 
 Thread-safety: see each module (connections and broker sets belong to one event loop; values

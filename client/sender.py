@@ -184,8 +184,9 @@ class Sender:
             checksum(b.body) if self.cfg.body_checksum else None,
         )
         b.sent_at = time.monotonic()
-        fut = conn.send_request(cmd, self.cfg.request_timeout_s)
-        fut.add_done_callback(partial(self._on_reply, b))
+        # on_done: the reply completes the batch from the reply handler itself, not one loop
+        # iteration later (a done-callback is scheduled with call_soon)
+        conn.send_request(cmd, self.cfg.request_timeout_s, on_done=partial(self._on_reply, b))
 
     def _on_reply(self, b: Batch, fut: asyncio.Future[Reply]) -> None:
         if fut.cancelled():

@@ -33,6 +33,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
 from pymetaq.offsets.base import (
     OffsetEntry,
     OffsetStoreError,
@@ -40,7 +42,6 @@ from pymetaq.offsets.base import (
     last_wins,
     newest,
 )
-from sqlalchemy.engine import Connection, Engine
 
 TABLE_NAME = "meta_topic_partition_group_offset"
 SQLITE_BUSY_TIMEOUT_S = 30.0

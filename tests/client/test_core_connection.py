@@ -103,6 +103,61 @@ def test_timeout_then_lost_connection_fail_pending_requests() -> None:
     asyncio.run(main())
 
 
+def test_on_done_runs_once_per_request_on_reply_timeout_and_loss() -> None:
+    """``send_request(on_done=...)``: the hook gets the settled future exactly once, for a
+    reply (in the reply handler, before any done-callback), a timeout and a lost connection."""
+
+    async def handler(seen: list[object], w: asyncio.StreamWriter) -> None:
+        ev = seen[-1]
+        if len(seen) == 1:  # answer the first request only
+            assert isinstance(ev, StatsCommand)
+            w.write(encode(ResultReply(200, b"ok", ev.opaque)))
+            await w.drain()
+        elif len(seen) == 4:
+            w.close()  # drop the connection with the last two pending
+
+    async def main() -> list[tuple[str, str]]:
+        calls: list[tuple[str, str]] = []
+
+        def hook(name: str, fut: asyncio.Future[object]) -> None:
+            assert fut.done()
+            exc = fut.exception()
+            calls.append((name, type(exc).__name__ if exc else "ok"))
+
+        server, port = await _serve(handler)
+        async with server:
+            conn = await BrokerConnection.open("127.0.0.1", port)
+            first = conn.send_request(StatsCommand("a", 0), on_done=lambda f: hook("reply", f))
+            first.add_done_callback(lambda f: calls.append(("done-callback", "ok")))
+            await first
+            await asyncio.sleep(0)
+            slow = conn.send_request(VersionCommand(0), 0.05, on_done=lambda f: hook("timeout", f))
+            with pytest.raises(RequestTimeout):
+                await slow
+            lost = [
+                conn.send_request(VersionCommand(0), 30, on_done=lambda f: hook("lost", f))
+                for _ in range(2)
+            ]
+            for fut in lost:
+                with pytest.raises(ConnectionLost):
+                    await fut
+            await asyncio.sleep(0)
+            after = conn.send_request(VersionCommand(0), 30, on_done=lambda f: hook("closed", f))
+            with pytest.raises(ConnectionLost):
+                await after
+            await asyncio.sleep(0)
+            return calls
+
+    assert asyncio.run(main()) == [
+        ("reply", "ok"),
+        ("done-callback", "ok"),
+        ("timeout", "RequestTimeout"),
+        ("lost", "ConnectionLost"),
+        ("lost", "ConnectionLost"),
+        ("closed", "ConnectionLost"),
+    ]
+
+
 def test_connect_failure_is_no_broker_available() -> None:
     async def main() -> None:
         with pytest.raises(NoBrokerAvailable):

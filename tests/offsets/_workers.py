@@ -6,6 +6,7 @@ from multiprocessing.connection import Connection as Pipe
 from typing import Any
 
 import sqlalchemy as sa
+
 from pymetaq.offsets import OffsetEntry, SqlOffsetStore, create_sqlite_engine, open_offset_store
 
 GROUP = "g-conc"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+
 from pymetaq.offsets import OffsetStore, open_offset_store
 
 BACKENDS = [

@@ -8,8 +8,8 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from pymetaq.offsets import OffsetEntry, OffsetStore
 
+from pymetaq.offsets import OffsetEntry, OffsetStore
 from tests.offsets import _workers
 
 Factory = Callable[[], OffsetStore]

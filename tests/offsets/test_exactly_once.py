@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
-from pymetaq.offsets import OffsetEntry, SqlOffsetStore
 
+from pymetaq.offsets import OffsetEntry, SqlOffsetStore
 from tests.offsets._workers import business, business_md, insert_then_block, make_engine
 
 READY_DEADLINE_S = 60.0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+
 from pymetaq.offsets import (
     CorruptOffsetData,
     FileOffsetStore,

@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 
 from hypothesis import strategies as st
+
 from pymetaq.client.protocol import (
     NEED_DATA,
     BatchPutCommand,

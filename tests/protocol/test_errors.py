@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from pymetaq.client.protocol import (
     NEED_DATA,
     BatchPutCommand,

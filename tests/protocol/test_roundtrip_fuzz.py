@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pymetaq.client.protocol import (
     Event,
     Limits,
@@ -18,7 +19,6 @@ from pymetaq.client.protocol import (
     format_tx_key,
     parse_tx_key,
 )
-
 from tests.protocol._strategies import (
     COMMANDS,
     LOCAL_KEY,

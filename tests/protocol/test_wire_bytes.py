@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 
 import pytest
+
 from pymetaq.client.protocol import (
     MAX_OPAQUE,
     NEED_DATA,
