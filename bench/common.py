@@ -20,6 +20,7 @@ used by one thread at a time.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -27,7 +28,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,40 @@ class OpenLoop:
         delay = self.wait_s(sent)
         if delay > 0:
             time.sleep(delay)
+
+    def batches(self, cap: int) -> Iterator[range]:
+        """The schedule as runs of due message indexes (at most ``cap`` each), pacing with
+        :meth:`pause` while nothing is due; stops early once the run gives up.  Messages sent
+        = the last run's ``stop`` (0 if none)."""
+        sent = 0
+        while sent < self.total:
+            now = time.perf_counter_ns()
+            if self.gave_up(now):
+                return
+            n = self.due(now, sent, cap)
+            if n == 0:
+                self.pause(sent)
+                continue
+            yield range(sent, sent + n)
+            sent += n
+
+    async def abatches(
+        self, cap: int, pause: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> AsyncIterator[range]:
+        """:meth:`batches` on an event loop: waits with ``pause(wait_s)`` while nothing is due,
+        and yields to the loop (``asyncio.sleep(0)``) after each run so it can do its I/O."""
+        sent = 0
+        while sent < self.total:
+            now = time.perf_counter_ns()
+            if self.gave_up(now):
+                return
+            n = self.due(now, sent, cap)
+            if n == 0:
+                await pause(self.wait_s(sent))
+                continue
+            yield range(sent, sent + n)
+            sent += n
+            await asyncio.sleep(0)
 
 
 def filler(msg_bytes: int) -> bytes:

@@ -270,21 +270,13 @@ async def _send_open_loop(
 ) -> int:
     """Publishes ``loop``'s schedule, whatever is due at once; records PubAcks into ``rec``."""
     sent = 0
-    while sent < loop.total:
-        now = time.perf_counter_ns()
-        if loop.gave_up(now):
-            break
-        n = loop.due(now, sent, batch)
-        if n == 0:
-            await asyncio.sleep(loop.wait_s(sent))
-            continue
-        for i in range(sent, sent + n):
+    async for due in loop.abatches(batch):
+        for i in due:
             scheduled = loop.scheduled_ns(i)
             fut = await js.publish_async(subject, stamped(scheduled, msg_bytes))
             if rec is not None:
                 fut.add_done_callback(_recorder(rec, scheduled))
-        sent += n
-        await asyncio.sleep(0)
+        sent = due.stop
     return sent
 
 

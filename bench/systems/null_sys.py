@@ -116,17 +116,10 @@ def _send_open_loop(
     log: deque[bytes], loop: OpenLoop, batch: int, msg_bytes: int, rec: LatencyRecorder | None
 ) -> int:
     sent = 0
-    while sent < loop.total:
-        now = time.perf_counter_ns()
-        if loop.gave_up(now):
-            break
-        n = loop.due(now, sent, batch)
-        if n == 0:
-            loop.pause(sent)
-            continue
-        for i in range(sent, sent + n):
+    for due in loop.batches(batch):
+        for i in due:
             _ack(log, stamped(loop.scheduled_ns(i), msg_bytes))
             if rec is not None:
                 rec.record(loop.scheduled_ns(i), time.perf_counter_ns())
-        sent += n
+        sent = due.stop
     return sent

@@ -329,19 +329,12 @@ def _send_open_loop(
 ) -> int:
     """Sends ``loop``'s schedule, whatever is due at once (one ``send_many``); records acks."""
     sent = 0
-    while sent < loop.total:
-        now = time.perf_counter_ns()
-        if loop.gave_up(now):
-            break
-        n = loop.due(now, sent, batch)
-        if n == 0:
-            loop.pause(sent)
-            continue
-        scheduled = [loop.scheduled_ns(i) for i in range(sent, sent + n)]
+    for due in loop.batches(batch):
+        scheduled = [loop.scheduled_ns(i) for i in due]
         handle = producer.send_many(topic, [stamped(t, msg_bytes) for t in scheduled])
         if rec is not None:
             handle.add_done_callback(_recorder(rec, scheduled))
-        sent += n
+        sent = due.stop
     return sent
 
 
@@ -353,18 +346,11 @@ def _send_async_open_loop(
     message's scheduled time, so a sender that falls behind shows in the figures)."""
     sent = 0
     send = producer.send_async
-    while sent < loop.total:
-        now = time.perf_counter_ns()
-        if loop.gave_up(now):
-            break
-        n = loop.due(now, sent, batch)
-        if n == 0:
-            loop.pause(sent)
-            continue
-        for i in range(sent, sent + n):
+    for due in loop.batches(batch):
+        for i in due:
             t = loop.scheduled_ns(i)
             send(topic, stamped(t, msg_bytes)).add_done_callback(partial(_acked, rec, t))
-        sent += n
+        sent = due.stop
     return sent
 
 
@@ -410,25 +396,24 @@ async def _send_nowait_open_loop(
     timeout has 1 ms granularity), a longer one is an ``asyncio.sleep``."""
     sent = 0
     send = producer.send_nowait
-    while sent < loop.total:
-        now = time.perf_counter_ns()
-        if loop.gave_up(now):
-            break
-        n = loop.due(now, sent, batch)
-        if n == 0:
-            delay = loop.wait_s(sent)
-            if delay < 50e-6:
-                time.sleep(delay)
-            await asyncio.sleep(delay if delay >= 50e-6 else 0)
-            continue
-        for i in range(sent, sent + n):
+    async for due in loop.abatches(batch, _fine_pause):
+        for i in due:
             t = loop.scheduled_ns(i)
             handle = send(topic, stamped(t, msg_bytes))
             if rec is not None:
                 handle.add_done_callback(partial(_acked, rec, t))
-        sent += n
-        await asyncio.sleep(0)  # let the loop write the batch and read acks
+        sent = due.stop
     return sent
+
+
+async def _fine_pause(delay: float) -> None:
+    """A pacing wait on the event loop: under 50 us it blocks in ``time.sleep`` (the
+    selector's timeout has 1 ms granularity), a longer one is an ``asyncio.sleep``."""
+    if delay < 50e-6:
+        time.sleep(delay)
+        await asyncio.sleep(0)
+    else:
+        await asyncio.sleep(delay)
 
 
 def _asyncio_face(mode: str) -> bool:

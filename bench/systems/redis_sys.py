@@ -206,22 +206,15 @@ def _send_open_loop(
     """Sends ``loop``'s schedule as pipelines of whatever is due; records acks into ``rec``."""
     pipe = r.pipeline(transaction=False)
     sent = 0
-    while sent < loop.total:
-        now = time.perf_counter_ns()
-        if loop.gave_up(now):
-            break
-        n = loop.due(now, sent, batch)
-        if n == 0:
-            loop.pause(sent)
-            continue
-        for i in range(sent, sent + n):
+    for due in loop.batches(batch):
+        for i in due:
             pipe.xadd(key, {FIELD: stamped(loop.scheduled_ns(i), msg_bytes)})
         pipe.execute()
         done = time.perf_counter_ns()
         if rec is not None:
-            for i in range(sent, sent + n):
+            for i in due:
                 rec.record(loop.scheduled_ns(i), done)
-        sent += n
+        sent = due.stop
     return sent
 
 
