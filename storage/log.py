@@ -271,7 +271,7 @@ class PartitionLog:
         try:
             with self._lock:
                 unsynced = 0
-                for s in self._view[0]:
+                for s in self._unfinished():
                     if s.seal_pending or s.final_path is not None:
                         return False
                     unsynced += s.written - s.synced
@@ -297,11 +297,7 @@ class PartitionLog:
         with self._lock:
             self.last_sync = now
             target = self.write_offset
-            work = [
-                (s, s.written, s.seal_pending, s.final_path)
-                for s in self._view[0]
-                if s.synced < s.written or s.seal_pending or s.final_path is not None
-            ]
+            work = [(s, s.written, s.seal_pending, s.final_path) for s in self._unfinished()]
             self._flush_asked = False
             if target == self.max_offset and not self._waiters and not work:
                 return
@@ -333,6 +329,20 @@ class PartitionLog:
         if advanced:
             for fn in listeners:
                 fn(target)
+
+    def _unfinished(self) -> tuple[Segment, ...]:
+        """The segments with sync work left — unsynced bytes, a pending seal or rename — in
+        log order (lock held).  Only a tail can have any: a sync finishes segments in log order
+        and rolls only ever add at the end, so the walk stops at the last finished segment
+        instead of visiting every segment of the log on each sync."""
+        segs = self._view[0]
+        i = len(segs)
+        while i > 0:
+            s = segs[i - 1]
+            if s.synced >= s.written and not s.seal_pending and s.final_path is None:
+                break
+            i -= 1
+        return segs[i:]
 
     def _finish_segments(self, work: list[tuple[Segment, int, bool, str | None]]) -> None:
         """The I/O of :meth:`sync`, segment by segment in log order (flusher thread)."""
