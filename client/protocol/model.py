@@ -76,7 +76,8 @@ class TransactionType(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Named bounds the parser enforces; exceeding any of them is a *fatal* ProtocolError.
+    """Named bounds the parser enforces: a line over ``max_line`` is a *fatal* ProtocolError; a
+    body over its limit is discarded unbuffered and reported non-fatally (the framing is intact).
 
     ``max_line``: bytes in a command line, CRLF excluded.  ``max_body``: body of ``put``,
     ``sync``, ``result`` and ``value`` - default MetaQ's 1 MiB ``maxTransferSize`` plus

@@ -20,16 +20,21 @@ followed by a body when the verb carries a length token:
 
 Dispatch is a table from the whole verb to its builder.  Tokens are split on single spaces and
 trailing empty tokens are dropped, as Java's ``Pattern.split`` does (so ``stats  7`` has an
-empty item token).  A body is taken only once all of it has arrived; bytes after a complete
-frame stay buffered.  The buffer is a ``bytearray`` with a read position, compacted when the
+empty item token).  Lines end with CRLF; ``Parser(..., bare_lf=True)`` also accepts a bare LF
+(a person typing ``echo stats | nc host 8123``; the broker turns it on).  A body is taken only
+once all of it has arrived; bytes after a complete frame stay buffered.  The buffer is a ``bytearray`` with a read position, compacted when the
 consumed prefix is large, and the line scan resumes where it stopped: feeding byte by byte or
 many small frames stays linear.  A body is copied out exactly once (a ``bytearray`` for
 ``bput`` so the broker can stamp ids in place, ``bytes`` otherwise).
 
 Errors (:class:`ProtocolError`): *fatal* when framing is lost - a line longer than
-``max_line`` bytes, a missing/unparseable/negative body length, a body over its limit - after
-which every ``next_event`` raises the same error; *non-fatal* otherwise - the whole frame (line
-and body) has been consumed and the next frame parses normally.
+``max_line`` bytes, a missing/unparseable/negative body length or one over int32 (MetaQ's
+type), an unknown verb (it may carry a body of a length the parser cannot know, and those bytes
+must never be run as commands) - after which every ``next_event`` raises the same error;
+*non-fatal* otherwise - the whole frame (line and body) has been consumed and the next frame
+parses normally.  A body over its limit whose length token is readable is non-fatal: the line
+is consumed, the body is *discarded as it arrives* (``feed`` drops it, it is never buffered),
+and the error is raised once all of it has passed, so the connection stays usable.
 
 Thread-safety: none; one parser per connection, used by one thread or task at a time.
 """
@@ -79,6 +84,7 @@ class NeedData(enum.Enum):
 NEED_DATA: Final = NeedData.NEED_DATA
 
 _INT = re.compile(rb"[+-]?[0-9]{1,19}")
+_LF = b"\n"
 _UINT = re.compile(rb"\+?[0-9]{1,10}")
 _NUMERIC_START = frozenset(b"-0123456789")
 _SIGNS = (b"-", b"+")
@@ -300,15 +306,19 @@ def _printable(token: bytes) -> str:
 class Parser:
     """Parses requests (``Role.SERVER``) or replies (``Role.CLIENT``) from fed bytes."""
 
-    def __init__(self, role: Role, limits: Limits | None = None) -> None:
+    def __init__(self, role: Role, limits: Limits | None = None, *, bare_lf: bool = False) -> None:
         self.role = role
         self.limits = limits if limits is not None else Limits()
+        #: also end a line at a bare LF (a person at ``nc``); binary clients always send CRLF
+        self.bare_lf = bare_lf
         self._verbs = _SERVER_VERBS if role is Role.SERVER else _CLIENT_VERBS
         self._buf = bytearray()
         self._pos = 0  # start of the first unconsumed frame
-        self._scan = 0  # where the CRLF search resumes
+        self._scan = 0  # where the line-end search resumes
         self._pending: tuple[_Verb, Tokens, int, int] | None = None  # verb, tokens, start, len
         self._error: ProtocolError | None = None
+        self._skip = 0  # bytes of an oversized body still to discard as they arrive
+        self._skipped: ProtocolError | None = None  # raised once that body has passed
 
     @property
     def pending_bytes(self) -> int:
@@ -325,10 +335,36 @@ class Parser:
         """The fatal error that stopped this parser, if any."""
         return self._error
 
+    @property
+    def pending_body(self) -> int:
+        """The declared length of the body being received (its line parsed, the body not yet
+        complete), else 0.  The broker reserves buffer memory for it."""
+        pending = self._pending
+        return pending[3] if pending is not None else 0
+
+    @property
+    def in_frame(self) -> bool:
+        """True while a frame is partly received (a partial line, a body, a discarded body)."""
+        return self._pos < len(self._buf) or self._skip > 0
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Append received bytes (any chunking).  Ignored once the parser is broken."""
-        if self._error is None:
-            self._buf += data
+        """Append received bytes (any chunking).  Ignored once the parser is broken; the bytes
+        of a body being discarded are dropped here, never buffered."""
+        if self._error is not None:
+            return
+        if self._skip:
+            n = min(self._skip, len(data))
+            self._skip -= n
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
+        self._buf += data
+
+    def release(self) -> None:
+        """Drop every buffered byte (the connection is gone; frees the memory at once)."""
+        self._buf = bytearray()
+        self._pos = self._scan = self._skip = 0
+        self._pending = None
 
     def next_event(self) -> Event | Literal[NeedData.NEED_DATA]:
         """The next complete frame, or :data:`NEED_DATA`.  Raises :class:`ProtocolError`."""
@@ -350,8 +386,13 @@ class Parser:
             yield event
 
     def _next(self) -> Event | Literal[NeedData.NEED_DATA]:
+        if self._skipped is not None:
+            if self._skip:
+                return NEED_DATA
+            error, self._skipped = self._skipped, None
+            raise error
         if self._pending is None:
-            line_end = self._find_line()
+            line_end, next_start = self._find_line()
             if line_end < 0:
                 return NEED_DATA
             tokens = bytes(self._buf[self._pos : line_end]).split(b" ")
@@ -359,14 +400,19 @@ class Parser:
                 tokens.pop()
             verb = self._verbs.get(tokens[0]) if tokens else None
             if verb is None or verb.len_index is None:
-                self._consume(line_end + 2)
+                self._consume(next_start)
                 if not tokens:
                     raise ProtocolError("blank command line", fatal=False)
-                if verb is None:
+                if verb is None:  # it may carry a body we cannot size: framing is lost
                     reason = f"unknown command {_printable(tokens[0])}"
-                    raise ProtocolError(reason, fatal=False, opaque=_opaque_of(tokens))
+                    raise ProtocolError(reason, fatal=True, opaque=_opaque_of(tokens))
                 return self._build(verb, tokens, None)
-            self._pending = (verb, tokens, line_end + 2, self._body_len(verb, tokens))
+            length = self._body_len(verb, tokens)
+            limit = self.limits.max_batch_body if verb.batch else self.limits.max_body
+            if length > limit:
+                self._discard(tokens, next_start, length, limit)
+                return self._next()
+            self._pending = (verb, tokens, next_start, length)
         verb, tokens, start, length = self._pending
         if len(self._buf) - start < length:
             return NEED_DATA
@@ -375,30 +421,55 @@ class Parser:
         self._consume(start + length)
         return self._build(verb, tokens, body)
 
-    def _find_line(self) -> int:
-        """Index of the CRLF ending the current line, or -1 (need more bytes)."""
+    def _find_line(self) -> tuple[int, int]:
+        """(end of the current line's text, start of what follows it), or (-1, -1)."""
+        if self.bare_lf:
+            return self._find_lf_line()
         limit = self._pos + self.limits.max_line + 2
         end = self._buf.find(_CRLF, self._scan, limit)
         if end >= 0:
-            return end
+            return end, end + 2
         if len(self._buf) >= limit:
             raise ProtocolError(
                 f"command line longer than {self.limits.max_line} bytes", fatal=True
             )
         self._scan = max(self._pos, len(self._buf) - 1)
-        return -1
+        return -1, -1
+
+    def _find_lf_line(self) -> tuple[int, int]:
+        """:meth:`_find_line` where a line ends at LF, an optional CR before it dropped."""
+        limit = self._pos + self.limits.max_line + 2
+        lf = self._buf.find(_LF, self._scan, limit)
+        if lf < 0:
+            if len(self._buf) >= limit:
+                raise ProtocolError(
+                    f"command line longer than {self.limits.max_line} bytes", fatal=True
+                )
+            self._scan = len(self._buf)
+            return -1, -1
+        end = lf - 1 if lf > self._pos and self._buf[lf - 1] == 0x0D else lf
+        if end - self._pos > self.limits.max_line:
+            raise ProtocolError(
+                f"command line longer than {self.limits.max_line} bytes", fatal=True
+            )
+        return end, lf + 1
 
     def _body_len(self, verb: _Verb, tokens: Tokens) -> int:
         assert verb.len_index is not None
-        if len(tokens) <= verb.len_index or not _UINT.fullmatch(tokens[verb.len_index]):
+        token = tokens[verb.len_index] if len(tokens) > verb.len_index else b""
+        if not _UINT.fullmatch(token) or int(token) > INT32_MAX:
             reason = "missing or invalid body length"
             raise ProtocolError(reason, fatal=True, opaque=_opaque_of(tokens))
-        length = int(tokens[verb.len_index])
-        limit = self.limits.max_batch_body if verb.batch else self.limits.max_body
-        if length > limit:
-            reason = f"body of {length} bytes exceeds the limit of {limit}"
-            raise ProtocolError(reason, fatal=True, opaque=_opaque_of(tokens))
-        return length
+        return int(token)
+
+    def _discard(self, tokens: Tokens, start: int, length: int, limit: int) -> None:
+        """Consume the line and drop an oversized body (the part buffered now; ``feed`` drops
+        the rest as it arrives); its error is raised once all of it has passed."""
+        reason = f"{_printable(tokens[0])} body of {length} bytes exceeds the limit of {limit}"
+        self._skipped = ProtocolError(reason, fatal=False, opaque=_opaque_of(tokens))
+        here = min(length, len(self._buf) - start)
+        self._skip = length - here
+        self._consume(start + here)
 
     def _take_body(self, start: int, length: int, batch: bool) -> bytes | bytearray:
         if batch:

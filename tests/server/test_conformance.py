@@ -409,11 +409,10 @@ def test_sync_is_refused_on_a_master(wire: Wire) -> None:
     assert isinstance(reply, ResultReply) and (reply.code, reply.opaque) == (500, 140)
 
 
-def test_unknown_command_is_400_and_the_connection_stays_usable(wire: Wire) -> None:
-    wire.send(b"foo bar 150\r\n")
-    expected = result(400, b"unknown command foo", 150)
-    assert wire.read_exact(len(expected)) == expected
-    assert wire.call(b"version 151\r\n") == ResultReply(200, VERSION.encode(), 151)
+def test_unknown_command_is_400_then_close(wire: Wire) -> None:
+    # MetaQ closes on an undecodable command; pymetaq answers why first (test_framing.py)
+    wire.send(b"foo bar 150\r\nversion 151\r\n")
+    assert wire.read_until_closed() == result(400, b"unknown command foo", 150)
 
 
 def test_bad_token_is_400_with_the_opaque(wire: Wire) -> None:
@@ -432,12 +431,12 @@ def test_overlong_line_is_400_then_close(wire: Wire) -> None:
     assert got == result(400, b"command line longer than 4096 bytes", 0)
 
 
-def test_put_body_over_the_limit_is_400_then_close(wire: Wire) -> None:
+def test_put_body_over_the_limit_is_400_and_the_connection_stays(wire: Wire) -> None:
     size = 1024 * 1024  # maxTransferSize; a put's data may be at most maxTransferSize - 20
-    wire.send(b"put test 0 %d 0 -1 160\r\n" % size)
-    got = wire.read_until_closed()
-    reason = b"body of %d bytes exceeds the limit of %d" % (size, size - 20)
-    assert got == result(400, reason, 160)
+    wire.send(b"put test 0 %d 0 -1 160\r\n" % size + b"\0" * size + b"version 161\r\n")
+    reason = b"put body of %d bytes exceeds the limit of %d" % (size, size - 20)
+    expected = result(400, reason, 160) + result(200, VERSION.encode(), 161)
+    assert wire.read_exact(len(expected)) == expected
 
 
 def test_pipelined_puts_are_all_answered(wire: Wire) -> None:
