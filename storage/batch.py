@@ -16,6 +16,11 @@ per-record work:
 Measured on the 2-core dev box, 1000 records of 100 bytes: the mixed loop 0.43-0.47 us per
 record, the uniform path 0.30 us (``zlib.crc32`` of 100 bytes alone is 0.15 us here).
 
+Flags (:mod:`pymetaq.storage.flags`): a record whose flag promises data a consumer could not
+decode is refused like a bad CRC.  The mixed loop unpacks the flag with the length and CRC (one
+``unpack_from``) and checks only a non-zero one; the uniform path compares the four flag bytes
+of every record with four extended slices and walks the records only if one is non-zero.
+
 Thread-safe: pure functions over a caller-owned buffer (mutated when stamping);
 :func:`stamp_batch` takes the id worker's lock.
 """
@@ -26,10 +31,13 @@ import struct
 import zlib
 
 from pymetaq.storage.errors import InvalidRecords
+from pymetaq.storage.flags import flag_problem
 from pymetaq.storage.ids import SEQ_LIMIT, IdWorker
 from pymetaq.storage.record import HEADER_SIZE
 
 _LEN_CRC = struct.Struct(">Ii")  # length unsigned: a negative length becomes huge
+_LEN_CRC_FLAG = struct.Struct(">Ii8xi")
+_FLAG = struct.Struct(">i")
 _ID = struct.Struct(">q")
 _MASK = 0x7FFFFFFF
 MAX_BATCH_RECORDS = SEQ_LIMIT  # ids of one batch are consecutive within one millisecond
@@ -46,7 +54,7 @@ def _walk(
     limit = _NO_LIMIT if max_data is None else max_data
     mv = memoryview(buf)
     end = len(mv)
-    unpack = _LEN_CRC.unpack_from
+    unpack = _LEN_CRC_FLAG.unpack_from
     pack = _ID.pack_into
     crc32 = zlib.crc32
     pos = last = count = 0
@@ -55,7 +63,7 @@ def _walk(
     while pos < end:
         if pos + HEADER_SIZE > end:
             raise InvalidRecords("incomplete header", pos)
-        length, crc = unpack(mv, pos)
+        length, crc, flag = unpack(mv, pos)
         start = pos + HEADER_SIZE
         stop = start + length
         if stop > end or length > limit:
@@ -65,6 +73,8 @@ def _walk(
             raise _too_large(length, limit, pos)
         if crc32(mv[start:stop]) & _MASK != crc:
             raise InvalidRecords("checksum mismatch", pos)
+        if flag and (why := flag_problem(flag, mv[start:stop])) is not None:
+            raise InvalidRecords(why, pos)
         if stamp:
             pack(mv, pos + 8, msg_id)
             msg_id += 1
@@ -102,6 +112,19 @@ def _check_uniform(buf: bytearray | bytes, stride: int, n: int) -> None:
     for pos, crc in zip(range(HEADER_SIZE, end, stride), stored):
         if crc32(mv[pos : pos + length]) & _MASK != crc:
             raise InvalidRecords("checksum mismatch", pos - HEADER_SIZE)
+
+
+def _check_uniform_flags(buf: bytearray | bytes, stride: int, n: int) -> None:
+    """Refuse a uniform batch holding a record its flag misdescribes (see the module doc)."""
+    end = len(buf)
+    zero = bytes(n)
+    if all(buf[16 + k : end : stride] == zero for k in range(4)):
+        return  # no record has a flag: nothing to check
+    mv = memoryview(buf)
+    for pos in range(0, end, stride):
+        (flag,) = _FLAG.unpack_from(buf, pos + 16)
+        if flag and (why := flag_problem(flag, mv[pos + HEADER_SIZE : pos + stride])) is not None:
+            raise InvalidRecords(why, pos)
 
 
 def _stamp_uniform(buf: bytearray, stride: int, n: int, first_id: int) -> None:
@@ -182,6 +205,7 @@ def stamp_batch(worker: IdWorker, buf: bytearray, max_data: int | None = None) -
             raise _too_large(stride - HEADER_SIZE, max_data, 0)
         _check_count(n)
         _check_uniform(buf, stride, n)
+        _check_uniform_flags(buf, stride, n)
         first = worker.reserve(n)
         _stamp_uniform(buf, stride, n, first)
         return first, n
