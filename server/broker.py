@@ -179,12 +179,13 @@ class Broker:
             log.warning("zk.zkEnable=true but ZooKeeper is not supported yet: running standalone")
 
     def _topic_store_config(self, topic: str) -> Any:
-        cached = self._store_configs.get(topic)
+        tc = self.config.topic_config(topic)
+        if tc is None:
+            return None
+        # keyed by [topic=...] section, not by name: invented names must not grow this
+        cached = self._store_configs.get(tc.name)
         if cached is None:
-            tc = self.config.topic_config(topic)
-            if tc is None:
-                return None
-            cached = self._store_configs[topic] = tc.store_config()
+            cached = self._store_configs[tc.name] = tc.store_config()
         return cached
 
     async def _shutdown(self, server: asyncio.Server, dispatcher: Dispatcher) -> None:

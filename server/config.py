@@ -16,13 +16,26 @@ the ``group.<name>`` server-side filters.  hostName is used as the listen addres
 
 pymetaq's own ``[system]`` keys (limits; units in the names):
 
-| key                 | default   | meaning                                                  |
-|---------------------|-----------|----------------------------------------------------------|
-| maxConnections      | 1024      | connections beyond this are closed at accept             |
-| idleTimeoutMs       | 600000    | a connection silent this long is closed (0 = never)      |
-| maxLineLength       | 4096      | longest command line in bytes (else 400 and close)       |
-| maxBatchSize        | 16777216  | largest ``bput`` body; a ``put`` body is bounded by      |
-|                     |           | ``maxTransferSize - 20`` so every record can be fetched  |
+| key                      | default   | meaning                                             |
+|--------------------------|-----------|-----------------------------------------------------|
+| maxConnections           | 1024      | connections beyond this are closed at accept        |
+| maxConnectionsPerIp      | 256       | connections from one source IP beyond this are      |
+|                          |           | closed at accept                                    |
+| idleTimeoutMs            | 600000    | a connection silent this long is closed (0 = never) |
+| requestTimeoutMs         | 30000     | a request whose line and body have not all arrived  |
+|                          |           | this long after its first byte, or replies left     |
+|                          |           | unread this long: the connection is closed (0 =     |
+|                          |           | never)                                              |
+| maxBufferedBodyBytes     | 268435456 | request bodies over 64 KiB being received, all      |
+|                          |           | connections together; a connection waits (stops     |
+|                          |           | reading) until there is room                        |
+| maxAutoCreatedPartitions | 1000      | partitions that ``[topic=...*...]`` patterns may    |
+|                          |           | create; a put that would create one more is         |
+|                          |           | answered ``result 500``                             |
+| maxLineLength            | 4096      | longest command line in bytes (else 400 and close)  |
+| maxBatchSize             | 16777216  | largest ``bput`` body; a ``put`` body is bounded by |
+|                          |           | ``maxTransferSize - 20`` so every record can be     |
+|                          |           | fetched (a body over its limit: 400, discarded)     |
 
 Paths: a relative ``dataPath`` (and per-topic ``dataPath``) is resolved against the working
 directory of the process that loads the file, ``~`` is expanded; the shipped
@@ -79,6 +92,10 @@ SYSTEM_KEYS: dict[str, tuple[str, str, Any]] = {
     "idleTimeoutMs": ("idle_timeout_ms", "int", 600_000),
     "maxLineLength": ("max_line_length", "int", 4096),
     "maxBatchSize": ("max_batch_size", "int", 16 * 1024 * 1024),
+    "maxConnectionsPerIp": ("max_connections_per_ip", "int", 256),
+    "requestTimeoutMs": ("request_timeout_ms", "int", 30_000),
+    "maxBufferedBodyBytes": ("max_buffered_body_bytes", "int", 256 * 1024 * 1024),
+    "maxAutoCreatedPartitions": ("max_auto_created_partitions", "int", 1000),
 }
 
 ZK_KEYS: dict[str, tuple[str, str, Any]] = {
@@ -157,6 +174,10 @@ class SystemConfig:
     idle_timeout_ms: int = 600_000
     max_line_length: int = 4096
     max_batch_size: int = 16 * 1024 * 1024
+    max_connections_per_ip: int = 256
+    request_timeout_ms: int = 30_000
+    max_buffered_body_bytes: int = 256 * 1024 * 1024
+    max_auto_created_partitions: int = 1000
 
     @property
     def max_put_size(self) -> int:
@@ -337,6 +358,10 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "idleTimeoutMs": (lambda v: v >= 0, "must be >= 0 (0 = never)"),
     "maxLineLength": (lambda v: 256 <= v <= 1 << 20, "must be 256..1048576 bytes"),
     "maxBatchSize": (lambda v: v >= 1024, "must be >= 1024 bytes"),
+    "maxConnectionsPerIp": (lambda v: v >= 1, "must be >= 1"),
+    "requestTimeoutMs": (lambda v: v >= 0, "must be >= 0 (0 = never)"),
+    "maxBufferedBodyBytes": (lambda v: v >= 1 << 20, "must be >= 1048576 bytes"),
+    "maxAutoCreatedPartitions": (lambda v: v >= 0, "must be >= 0"),
     "deletePolicy": (
         lambda v: re.fullmatch(r"(delete|archive),\d+[hms]?(,\w+)?", v) is not None,
         "must look like 'delete,168' or 'archive,168,true'",

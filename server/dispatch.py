@@ -7,15 +7,22 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 | put          | 200 ``"<msgId> <partition> <offset>"``   | 403 acceptPublish=false; 500 unknown     |
 |              |                                          | topic, bad partition, checksum mismatch, |
 |              |                                          | write failure, transactional put (not    |
-|              |                                          | enabled yet); 400 + close: data over     |
-|              |                                          | maxTransferSize - 20 (codec limit)       |
+|              |                                          | enabled yet), a pattern topic over       |
+|              |                                          | maxAutoCreatedPartitions, out of file    |
+|              |                                          | descriptors; 400: data over              |
+|              |                                          | maxTransferSize - 20 (codec limit, body  |
+|              |                                          | discarded), a flag the data does not     |
+|              |                                          | honour (``storage/flags.py``)            |
 | bput         | 200 ``"<firstId> <partition> <offset>    | as put; 400 malformed records (framing,  |
-|              | <count>"`` (count = records stored)      | a record CRC, a record's data over       |
-|              |                                          | maxTransferSize - 20: nothing stored) or |
-|              |                                          | a count that cannot fit the body         |
+|              | <count>"`` (count = records stored)      | a record CRC or flag, a record's data    |
+|              |                                          | over maxTransferSize - 20: nothing       |
+|              |                                          | stored) or a count that cannot fit the   |
+|              |                                          | body                                     |
 | get          | ``value <len> <opaque>`` + log slice     | 400 maxSize <= 0; 403 acceptSubscribe=   |
 |              |                                          | false; 404 no such store / no data;      |
-|              |                                          | 301 ``<offset>`` out of range (see below)|
+|              |                                          | 301 ``<offset>`` out of range (see       |
+|              |                                          | below); 500 read failure (out of file    |
+|              |                                          | descriptors: retry later)                |
 | offset       | 200 ``<nearest segment start>``          | 404 no such store                        |
 | stats        | 200 ``STATS\\r\\n...END\\r\\n``          |                                          |
 | version      | 200 version string (also the heartbeat)  |                                          |
@@ -30,7 +37,14 @@ the reply carries the count storage wrote.  Single puts are coalesced per partit
 Get out of range (MetaQ): offset below the first segment → 301 with the first offset; above
 the durable end → 301 with the end only if ``updateConsumerOffsets=true`` (or offset is
 Long.MAX_VALUE), else 404.  ``offset`` answers MetaQ's getNearestOffset: the start of the
-segment holding the offset.
+segment holding the offset.  A get never creates a store: a long-poll get on a configured
+partition without one waits for the first put to create it.
+
+What clients can make the broker hold is bounded here (see :mod:`pymetaq.server.limits`):
+partitions created for pattern topics, connections per IP, body bytes being received, and
+realtime stats keyed only by topics that exist (a miss on a name that has no store counts under
+its ``[topic=...]`` section's name, so invented names never grow the map).  Running out of file
+descriptors (EMFILE/ENFILE) is answered 500 per request and never stops the broker.
 
 Thread-safety: everything runs on the event-loop thread (storage callbacks are marshalled onto it
 by :mod:`pymetaq.server.puts` and :mod:`pymetaq.server.longpoll`).
@@ -42,10 +56,11 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from pymetaq.client.protocol import (
     BatchPutCommand,
+    Event,
     GetCommand,
     Limits,
     OffsetCommand,
@@ -57,12 +72,29 @@ from pymetaq.client.protocol import (
     TransactionType,
     VersionCommand,
 )
+from pymetaq.server.config import TopicConfig
 from pymetaq.server.connection import Connection
+from pymetaq.server.errors import describe_os_error
+from pymetaq.server.limits import (
+    AutoCreated,
+    BodyBudget,
+    ConnectionCounts,
+    Throttled,
+    descriptor_shortfall,
+)
 from pymetaq.server.longpoll import LongPoll
 from pymetaq.server.puts import Appender
 from pymetaq.server.stats import VERSION, PartitionInfo, Stats
-from pymetaq.storage import PartitionOutOfRange, ReadStatus, UnknownTopic
+from pymetaq.storage import (
+    MessageStoreManager,
+    PartitionLog,
+    PartitionOutOfRange,
+    ReadStatus,
+    StorageError,
+    UnknownTopic,
+)
 from pymetaq.storage.checksum import checksum
+from pymetaq.storage.flags import flag_problem
 from pymetaq.storage.record import HEADER_SIZE
 
 if TYPE_CHECKING:
@@ -73,6 +105,19 @@ log = logging.getLogger("pymetaq.server")
 LONG_MAX = (1 << 63) - 1
 TX_DISABLED = b"transactions are not enabled on this broker yet"
 SYNC_DISABLED = b"sync is only accepted by a slave broker; this broker is not a slave"
+
+
+C = TypeVar("C")
+Handler = Callable[["Connection", object], None]
+
+
+def _route(kind: type[C], handler: Callable[[Connection, C], None]) -> tuple[type, Handler]:
+    """A table entry: mypy checks that ``handler`` takes ``kind``."""
+    return kind, cast(Handler, handler)
+
+
+class TooManyPartitions(Exception):
+    """A put would create a pattern-topic partition past ``maxAutoCreatedPartitions``."""
 
 
 class Dispatcher:
@@ -91,36 +136,94 @@ class Dispatcher:
         self.connections: set[Connection] = set()
         self.accepting = True
         self.appender = Appender(loop, self.stats, system.max_put_size)
-        self._logs: dict[tuple[str, int], Any] = {}
+        self.body_budget = BodyBudget(system.max_buffered_body_bytes)
+        self.per_ip = ConnectionCounts(system.max_connections_per_ip)
+        self.auto_created = AutoCreated(system.max_auto_created_partitions, self._pattern_logs())
+        self.throttled = Throttled(log)
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
         self.longpoll = LongPoll(self)
-        self._table: dict[type, Callable[[Connection, Any], None]] = {
-            PutCommand: self.on_put,
-            BatchPutCommand: self.on_bput,
-            GetCommand: self.on_get,
-            OffsetCommand: self.on_offset,
-            StatsCommand: self.on_stats,
-            VersionCommand: self.on_version,
-            TransactionCommand: self.on_transaction,
-            SyncCommand: self.on_sync,
-        }
+        self._table: dict[type, Handler] = dict(
+            (
+                _route(PutCommand, self.on_put),
+                _route(BatchPutCommand, self.on_bput),
+                _route(GetCommand, self.on_get),
+                _route(OffsetCommand, self.on_offset),
+                _route(StatsCommand, self.on_stats),
+                _route(VersionCommand, self.on_version),
+                _route(TransactionCommand, self.on_transaction),
+                _route(SyncCommand, self.on_sync),
+            )
+        )
+        partitions = len(broker.store.logs()) + system.max_auto_created_partitions
+        shortfall = descriptor_shortfall(system.max_connections, partitions)
+        if shortfall is not None:
+            log.warning("%s", shortfall)
+        self._sweep: asyncio.TimerHandle | None = None
+        if system.request_timeout_ms > 0:
+            self._sweep = loop.call_later(self._sweep_period(), self._check_deadlines)
 
     # -- connections --------------------------------------------------------------------------
     def connection_opened(self, conn: Connection) -> bool:
-        if not self.accepting or len(self.connections) >= self.broker.config.system.max_connections:
+        system = self.broker.config.system
+        if not self.accepting:
+            return False
+        if len(self.connections) >= system.max_connections:
+            self.throttled.log(
+                "maxConnections",
+                logging.WARNING,
+                "closing connection from %s: maxConnections reached (%d)",
+                conn.peer,
+                system.max_connections,
+            )
+            return False
+        if not self.per_ip.admit(conn.peer_ip):
+            self.throttled.log(
+                f"perip:{conn.peer_ip}",
+                logging.WARNING,
+                "closing connection from %s: maxConnectionsPerIp reached (%d from %s)",
+                conn.peer,
+                system.max_connections_per_ip,
+                conn.peer_ip,
+            )
             return False
         self.connections.add(conn)
         self.stats.curr_connections = len(self.connections)
         return True
 
     def connection_closed(self, conn: Connection) -> None:
-        self.connections.discard(conn)
+        if conn in self.connections:
+            self.connections.discard(conn)
+            self.per_ip.release(conn.peer_ip)
         self.stats.curr_connections = len(self.connections)
+        self.body_budget.release(conn)
         self.longpoll.drop_connection(conn)
 
     def protocol_error(self, conn: Connection, exc: ProtocolError) -> None:
-        log.info("bad request from %s: %s%s", conn.peer, exc.reason, " (closing)" * exc.fatal)
+        self.throttled.log(
+            f"bad:{conn.peer_ip}",
+            logging.INFO,
+            "bad request from %s: %s%s",
+            conn.peer,
+            exc.reason,
+            " (closing)" * exc.fatal,
+        )
 
-    def handle(self, conn: Connection, cmd: Any) -> None:
+    def _sweep_period(self) -> float:
+        return min(1.0, self.broker.config.system.request_timeout_ms / 4000.0)
+
+    def _check_deadlines(self) -> None:
+        """Abort connections whose request, replies or close outlived requestTimeoutMs."""
+        timeout_s = self.broker.config.system.request_timeout_ms / 1000.0
+        now = self.loop.time()
+        for conn in list(self.connections):
+            reason = conn.check_deadlines(now, timeout_s)
+            if reason is not None:
+                self.throttled.log(
+                    "deadline", logging.INFO, "closed connection from %s: %s", conn.peer, reason
+                )
+        self._sweep = self.loop.call_later(self._sweep_period(), self._check_deadlines)
+
+    def handle(self, conn: Connection, cmd: Event) -> None:
         """Run the handler of ``cmd``; any exception becomes a 500 and is logged."""
         try:
             self._table[type(cmd)](conn, cmd)
@@ -132,30 +235,69 @@ class Dispatcher:
     def invalidate_logs(self) -> None:
         """Forget cached log lookups (after a config reload)."""
         self._logs.clear()
+        self.auto_created.reset(self._pattern_logs())
+
+    def _pattern_logs(self) -> list[tuple[str, int]]:
+        """The partitions that exist for topics matching a pattern (not an exact section)."""
+        config = self.broker.config
+        out = []
+        for plog in self.broker.store.logs():
+            tc = config.topic_config(plog.topic)
+            if tc is not None and tc.is_pattern:
+                out.append((plog.topic, plog.partition))
+        return out
 
     # -- storage lookups ----------------------------------------------------------------------
-    def _log_for_write(self, topic: str, partition: int) -> Any:
+    def _log_for_write(self, topic: str, partition: int, tc: TopicConfig) -> PartitionLog:
+        """The log of a put, created if needed: raises TooManyPartitions, StorageError, OSError."""
         key = (topic, partition)
         plog = self._logs.get(key)
+        if plog is not None:
+            return plog
+        store: MessageStoreManager = self.broker.store
+        plog = store.get_log(topic, partition, create=False)
         if plog is None:
-            plog = self.broker.store.get_log(topic, partition, create=True)
-            self._logs[key] = plog
+            if tc.is_pattern and not self.auto_created.admit(topic, partition):
+                raise TooManyPartitions(
+                    f"The topic `{topic}` cannot get partition {partition}: the broker holds "
+                    f"{len(self.auto_created)} partitions of pattern topics "
+                    f"(maxAutoCreatedPartitions={self.auto_created.limit})"
+                )
+            try:
+                plog = store.get_log(topic, partition, create=True)
+            except BaseException:
+                self.auto_created.forget(topic, partition)
+                raise
+            assert plog is not None
+            self.longpoll.store_created(topic, partition, plog)
+        self._logs[key] = plog
         return plog
 
-    def _log_for_read(self, topic: str, partition: int) -> Any:
+    def _log_for_read(self, topic: str, partition: int) -> PartitionLog | None:
         plog = self._logs.get((topic, partition))
         if plog is not None:
             return plog
+        store: MessageStoreManager = self.broker.store
         try:
-            plog = self.broker.store.get_log(topic, partition, create=False)
+            plog = store.get_log(topic, partition, create=False)
         except (UnknownTopic, PartitionOutOfRange):
             return None
         if plog is not None:
             self._logs[(topic, partition)] = plog
         return plog
 
+    def read_failure(self, plog: PartitionLog, exc: BaseException) -> bytes:
+        """Log a failed read (throttled) and give the 500 reply's text."""
+        reason = describe_os_error(exc)
+        self.throttled.log(
+            f"read:{plog.topic}", logging.WARNING, "read of %s failed: %s", plog.name, reason
+        )
+        return f"Could not read {plog.name}: {reason}".encode("utf-8", "replace")
+
     # -- put ------------------------------------------------------------------------------------
-    def _put_target(self, conn: Connection, topic: str, partition: int, opaque: int) -> Any:
+    def _put_target(
+        self, conn: Connection, topic: str, partition: int, opaque: int
+    ) -> tuple[PartitionLog, TopicConfig] | None:
         """Resolve (topic, partition) for a put, answering the error itself; None on error."""
         tc = self.broker.config.topic_config(topic)
         if tc is None:
@@ -180,10 +322,21 @@ class Dispatcher:
             )
             return None
         try:
-            return self._log_for_write(topic, partition), tc
-        except (UnknownTopic, PartitionOutOfRange) as exc:
+            return self._log_for_write(topic, partition, tc), tc
+        except (UnknownTopic, PartitionOutOfRange, TooManyPartitions) as exc:
             self._put_failed(conn, opaque, str(exc))
-            return None
+        except (StorageError, OSError) as exc:
+            reason = describe_os_error(exc)
+            self.throttled.log(
+                f"create:{tc.name}",
+                logging.WARNING,
+                "opening %s-%d failed: %s",
+                topic,
+                partition,
+                reason,
+            )
+            self._put_failed(conn, opaque, f"Put message failed: {reason}")
+        return None
 
     def _put_failed(self, conn: Connection, opaque: int, reason: str, code: int = 500) -> None:
         self.stats.counters["put_failed"] += 1
@@ -199,6 +352,10 @@ class Dispatcher:
             self._put_failed(
                 conn, cmd.opaque, f"Checksum failed: expected {cmd.checksum}, computed {crc}"
             )
+            return
+        if cmd.flag and (why := flag_problem(cmd.flag, cmd.data)) is not None:
+            # refused here, not by storage: a coalesced append fails as a whole
+            self._put_failed(conn, cmd.opaque, f"invalid records: {why}", code=400)
             return
         target = self._put_target(conn, cmd.topic, cmd.partition, cmd.opaque)
         if target is None:
@@ -238,39 +395,53 @@ class Dispatcher:
             return
         long_poll = (cmd.max_wait_ms or 0) > 0
         plog = self._log_for_read(cmd.topic, cmd.partition)
-        if plog is None and long_poll and tc is not None and 0 <= cmd.partition < tc.num_partitions:
-            plog = self._log_for_write(cmd.topic, cmd.partition)  # wait on a store to come
         if plog is None:
-            self._get_miss(conn, cmd.topic, tc is not None and tc.stat)
-            conn.result(
-                404,
-                f"The topic `{cmd.topic}` in partition `{cmd.partition}` is not exists".encode(),
-                cmd.opaque,
-            )
+            if long_poll and tc is not None and 0 <= cmd.partition < tc.num_partitions:
+                self.longpoll.wait(conn, cmd, None)  # until a put creates the store
+                return
+            self.answer_missing(conn, cmd, tc)
             return
         if not self.answer_get(conn, cmd, plog, final=not long_poll):
             self.longpoll.wait(conn, cmd, plog)
 
-    def answer_get(self, conn: Connection, cmd: GetCommand, plog: Any, *, final: bool) -> bool:
+    def answer_missing(self, conn: Connection, cmd: GetCommand, tc: TopicConfig | None) -> None:
+        """404 for a get on a partition that has no store."""
+        if tc is not None:  # stats are keyed by the section, never by an invented name
+            self._get_miss(tc.name, tc.stat)
+        else:
+            self.stats.counters["get_miss"] += 1
+        conn.result(
+            404,
+            f"The topic `{cmd.topic}` in partition `{cmd.partition}` is not exists".encode(),
+            cmd.opaque,
+        )
+
+    def answer_get(
+        self, conn: Connection, cmd: GetCommand, plog: PartitionLog, *, final: bool
+    ) -> bool:
         """Answer a get from the log; False (nothing sent) when there is no data and not final."""
         stat = self._stat_topic(cmd.topic)
         max_size = min(cmd.max_size, self.broker.config.system.max_transfer_size)
-        res = plog.read(cmd.offset, max_size)
-        if res.status is ReadStatus.OK:
+        try:
+            res = plog.read(cmd.offset, max_size)
+        except (StorageError, OSError) as exc:
+            conn.result(500, self.read_failure(plog, exc), cmd.opaque)
+            return True
+        if res.status is ReadStatus.OK and res.region is not None:
             region = res.region
             if stat:
                 self.stats.realtime("get", cmd.topic, region.length)
-            conn.reply_region(b"value %d %d\r\n" % (region.length, cmd.opaque), region)
+            conn.reply_region(plog, cmd.offset, region, cmd.opaque)
             return True
         if res.status is ReadStatus.OUT_OF_RANGE:
             below = cmd.offset < plog.min_offset
             if below or cmd.offset == LONG_MAX or self.broker.config.system.update_consumer_offsets:
-                self._get_miss(conn, cmd.topic, stat)
+                self._get_miss(cmd.topic, stat)
                 conn.result(301, str(res.offset).encode(), cmd.opaque)
                 return True
         if not final:
             return False
-        self._get_miss(conn, cmd.topic, stat)
+        self._get_miss(cmd.topic, stat)
         conn.result(404, f"Could not find message at position {cmd.offset}".encode(), cmd.opaque)
         return True
 
@@ -278,10 +449,10 @@ class Dispatcher:
         tc = self.broker.config.topic_config(topic)
         return tc is not None and tc.stat
 
-    def _get_miss(self, conn: Connection, topic: str, stat: bool) -> None:
+    def _get_miss(self, key: str, stat: bool) -> None:
         self.stats.counters["get_miss"] += 1
         if stat:
-            self.stats.realtime("get_miss", topic)
+            self.stats.realtime("get_miss", key)
 
     def on_offset(self, conn: Connection, cmd: OffsetCommand) -> None:
         self.stats.counters["cmd_offset"] += 1

@@ -6,10 +6,28 @@ ServerError (retriable: bool)
 └── BrokerStateError     start()/stop() used out of order (never retriable)
 ```
 
-Thread-safe: plain exception classes.
+Also :func:`describe_os_error`, the reply text of an I/O fault (running out of descriptors says
+it is transient).
+
+Thread-safe: plain exception classes and a pure function.
 """
 
 from __future__ import annotations
+
+import errno
+
+#: errnos that mean "out of descriptors": transient, never a reason to fail a partition
+FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+OUT_OF_FDS = "the broker is out of file descriptors ({}); retry later"
+
+
+def describe_os_error(exc: BaseException) -> str:
+    """A reply text for an I/O failure (the exception or its cause); out-of-descriptor errors
+    say so and that a retry will help."""
+    for e in (exc, exc.__cause__):
+        if isinstance(e, OSError) and e.errno in FD_ERRNOS:
+            return OUT_OF_FDS.format(e.strerror)
+    return str(exc)
 
 
 class ServerError(Exception):

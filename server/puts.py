@@ -30,12 +30,13 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NamedTuple
 
 from pymetaq.server.connection import result_frame
+from pymetaq.server.errors import describe_os_error
 from pymetaq.server.stats import Stats
-from pymetaq.storage import InvalidRecords, StorageError
-from pymetaq.storage.record import HEADER
+from pymetaq.storage import AppendResult, InvalidRecords, PartitionLog, StorageError
+from pymetaq.storage.record import HEADER, HEADER_SIZE
 
 if TYPE_CHECKING:
     from pymetaq.server.connection import Connection
@@ -44,25 +45,53 @@ log = logging.getLogger("pymetaq.server")
 
 #: a coalesced append is written at once when it reaches this many bytes
 COALESCE_LIMIT = 512 * 1024
-#: size marker of a waiter that is a whole ``bput`` (reply carries the count)
-BATCH = -1
 #: an fsync of at most this many unsynced bytes may run inline on the loop
 INLINE_SYNC_BYTES = 64 * 1024
 #: an inline fsync slower than this sends the next ones to the flusher for INLINE_BACKOFF_S
 INLINE_SLOW_S = 0.001
 INLINE_BACKOFF_S = 0.1
 
-Waiter = tuple["Connection", int, int]  # connection, opaque, record size (or BATCH)
+
+class PutWaiter(NamedTuple):
+    """One ``put`` in a coalesced append: its reply carries its own id and offset."""
+
+    conn: Connection
+    opaque: int
+    size: int  # the record's bytes (header + data): the next put's offset is this far on
+
+
+class BatchWaiter(NamedTuple):
+    """A whole ``bput``: one reply carrying the first id and the count."""
+
+    conn: Connection
+    opaque: int
+
+
+Waiters = list[PutWaiter] | BatchWaiter
+
+
+class Completion(NamedTuple):
+    """An append storage reported durable (or failed), waiting for the loop to answer it."""
+
+    plog: PartitionLog
+    stat: bool
+    waiters: Waiters
+    result: AppendResult
+    exc: BaseException | None
+
+
+def _conns(waiters: Waiters) -> list[Connection]:
+    return [waiters.conn] if isinstance(waiters, BatchWaiter) else [w.conn for w in waiters]
 
 
 class _Pending:
     __slots__ = ("nbytes", "parts", "plog", "stat", "waiters")
 
-    def __init__(self, plog: Any, stat: bool) -> None:
+    def __init__(self, plog: PartitionLog, stat: bool) -> None:
         self.plog = plog
         self.stat = stat
         self.parts: list[bytes] = []
-        self.waiters: list[Waiter] = []
+        self.waiters: list[PutWaiter] = []
         self.nbytes = 0
 
 
@@ -80,15 +109,22 @@ class Appender:
         self._loop_thread = threading.get_ident()
         self._pending: dict[int, _Pending] = {}
         self._flush_scheduled = False
-        self._done: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._done: collections.deque[Completion] = collections.deque()
         self._wake_pending = False
         #: logs appended with ``defer_flush`` this iteration (synced by ``_sync_appended``)
-        self._to_sync: dict[int, Any] = {}
+        self._to_sync: dict[int, PartitionLog] = {}
         self._inline_after = 0.0  # monotonic time before which no inline fsync is tried
 
     # -- intake -------------------------------------------------------------------------------
     def put(
-        self, conn: Connection, plog: Any, stat: bool, data: bytes, flag: int, crc: int, opaque: int
+        self,
+        conn: Connection,
+        plog: PartitionLog,
+        stat: bool,
+        data: bytes,
+        flag: int,
+        crc: int,
+        opaque: int,
     ) -> None:
         """Queue one put's record (header built here, id stamped by storage)."""
         conn.request_started()
@@ -97,8 +133,8 @@ class Appender:
             pending = self._pending[id(plog)] = _Pending(plog, stat)
         pending.parts.append(HEADER.pack(len(data), crc, 0, flag))
         pending.parts.append(data)
-        size = 20 + len(data)
-        pending.waiters.append((conn, opaque, size))
+        size = HEADER_SIZE + len(data)
+        pending.waiters.append(PutWaiter(conn, opaque, size))
         pending.nbytes += size
         if pending.nbytes >= COALESCE_LIMIT:
             self.flush_log(plog)
@@ -106,11 +142,13 @@ class Appender:
             self._flush_scheduled = True
             self.loop.call_soon(self.flush_all)
 
-    def batch(self, conn: Connection, plog: Any, stat: bool, body: bytearray, opaque: int) -> None:
+    def batch(
+        self, conn: Connection, plog: PartitionLog, stat: bool, body: bytearray, opaque: int
+    ) -> None:
         """Append a validated ``bput`` body as one unit."""
         self.flush_log(plog)
         conn.request_started()
-        self._append(plog, stat, body, [(conn, opaque, BATCH)])
+        self._append(plog, stat, body, BatchWaiter(conn, opaque))
 
     def flush_all(self) -> None:
         self._flush_scheduled = False
@@ -120,18 +158,18 @@ class Appender:
                 pending.plog, pending.stat, bytearray().join(pending.parts), pending.waiters
             )
 
-    def flush_log(self, plog: Any) -> None:
+    def flush_log(self, plog: PartitionLog) -> None:
         pending = self._pending.pop(id(plog), None)
         if pending is not None:
             self._append(plog, pending.stat, bytearray().join(pending.parts), pending.waiters)
 
     # -- storage ---------------------------------------------------------------------------------
-    def _append(self, plog: Any, stat: bool, records: bytearray, waiters: list[Waiter]) -> None:
+    def _append(self, plog: PartitionLog, stat: bool, records: bytearray, waiters: Waiters) -> None:
         done = self._done
         wake = self._wake
 
-        def on_durable(result: Any, exc: BaseException | None) -> None:
-            done.append((plog, stat, waiters, result, exc))
+        def on_durable(result: AppendResult, exc: BaseException | None) -> None:
+            done.append(Completion(plog, stat, waiters, result, exc))
             wake()
 
         # a large append (a bulk load) goes to the flusher at once, so its fsync overlaps
@@ -150,9 +188,10 @@ class Appender:
                 self._to_sync[id(plog)] = plog
         except InvalidRecords as exc:
             self._fail(waiters, 400, f"invalid records: {exc.reason}")
-        except StorageError as exc:
-            log.error("append to %s-%d failed: %r", plog.topic, plog.partition, exc)
-            self._fail(waiters, 500, f"Put message failed: {exc}")
+        except (StorageError, OSError) as exc:
+            reason = describe_os_error(exc)
+            log.error("append to %s-%d failed: %s", plog.topic, plog.partition, reason)
+            self._fail(waiters, 500, f"Put message failed: {reason}")
         except Exception as exc:  # a bug: answer and log, never leave a put unanswered
             log.exception("append to %s-%d failed", plog.topic, plog.partition)
             self._fail(waiters, 500, f"internal error: {exc!r}")
@@ -178,19 +217,20 @@ class Appender:
             self._drain()
 
     @staticmethod
-    def _try_inline(plog: Any) -> bool:
+    def _try_inline(plog: PartitionLog) -> bool:
         try:
             return bool(plog.sync_inline(INLINE_SYNC_BYTES))
         except Exception:  # sync reports fsync errors to waiters; anything else: flusher
             log.exception("inline sync of %s-%d failed", plog.topic, plog.partition)
             return False
 
-    def _fail(self, waiters: list[Waiter], code: int, reason: str) -> None:
-        self.stats.counters["put_failed"] += len(waiters)
+    def _fail(self, waiters: Waiters, code: int, reason: str) -> None:
+        answered = [waiters] if isinstance(waiters, BatchWaiter) else waiters
+        self.stats.counters["put_failed"] += len(answered)
         body = reason.encode("utf-8", "replace")
-        for conn, opaque, _size in waiters:
-            conn.request_done()
-            conn.reply(result_frame(code, body, opaque))
+        for waiter in answered:
+            waiter.conn.request_done()
+            waiter.conn.reply(result_frame(code, body, waiter.opaque))
 
     def _wake(self) -> None:
         if self._wake_pending:
@@ -210,11 +250,12 @@ class Appender:
         touched: dict[Connection, None] = {}
         while done:
             plog, stat, waiters, result, exc = done.popleft()
-            for waiter in waiters:
-                touched[waiter[0]] = None
+            for conn in _conns(waiters):
+                touched[conn] = None
             if exc is not None:
-                log.error("write to %s-%d failed: %r", plog.topic, plog.partition, exc)
-                self._fail(waiters, 500, f"Put message failed: {exc}")
+                reason = describe_os_error(exc)
+                log.error("write to %s-%d failed: %s", plog.topic, plog.partition, reason)
+                self._fail(waiters, 500, f"Put message failed: {reason}")
                 continue
             try:
                 self._acknowledge(plog, stat, waiters, result)
@@ -223,14 +264,17 @@ class Appender:
         for conn in touched:  # write the acks now, not one loop iteration later
             conn.flush_replies()
 
-    def _acknowledge(self, plog: Any, stat: bool, waiters: list[Waiter], result: Any) -> None:
+    def _acknowledge(
+        self, plog: PartitionLog, stat: bool, waiters: Waiters, result: AppendResult
+    ) -> None:
         self.stats.counters["total_messages"] += result.count
+        batch = isinstance(waiters, BatchWaiter)
         if stat:
-            self.stats.realtime("put", plog.topic, result.count, len(waiters))
+            self.stats.realtime("put", plog.topic, result.count, 1 if batch else len(waiters))
             self.stats.realtime("message_size", plog.topic, result.length, result.count)
         partition = plog.partition
-        if len(waiters) == 1 and waiters[0][2] == BATCH:
-            conn, opaque, _ = waiters[0]
+        if isinstance(waiters, BatchWaiter):
+            conn, opaque = waiters
             body = b"%d %d %d %d" % (result.first_msg_id, partition, result.offset, result.count)
             conn.request_done()
             conn.reply(result_frame(200, body, opaque))

@@ -18,7 +18,9 @@ Every body has MetaQ's shape: ``STATS\\r\\n`` + ``key value\\r\\n`` lines + ``EN
 | ``reset``     | ``reset ok`` (counters and realtime stats back to zero)                    |
 
 A realtime stat is ``Count=c,Value=v,Value/Count=r,Count/Duration=r,Duration=s``; it is kept
-only for topics with ``stat=true`` and resets itself every 30 minutes, as in MetaQ.
+only for topics with ``stat=true`` and resets itself every 30 minutes, as in MetaQ.  Its key is
+a topic that exists (or, for a miss on a name that has no store, the name of the ``[topic=...]``
+section it matched: the dispatcher decides), so invented topic names never grow the map.
 
 Counters are bumped once per request (a batch put is one ``cmd_put``; ``total_messages`` and
 ``realtime_message_size`` add the batch's count and bytes), so the cost is per batch.
@@ -112,6 +114,10 @@ class Stats:
             stat = self._realtime[key] = Realtime()
         stat.count += count
         stat.value += value
+
+    def realtime_keys(self) -> set[tuple[str, str]]:
+        """The (item, topic) pairs that have a realtime stat (tests, diagnostics)."""
+        return set(self._realtime)
 
     def reset(self) -> None:
         self.counters = dict.fromkeys(COUNTERS, 0)

@@ -32,6 +32,13 @@ from typing import Any
 
 _LISTEN = re.compile(r"listening on ([^\s:]+):(\d+)")
 START_TIMEOUT_S = 60.0
+#: ``python -c`` prologue: lower RLIMIT_NOFILE, then run the CLI module as ``-m`` would
+_LIMITED = (
+    "import resource, runpy, sys; "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (%d, %d)); "
+    "sys.argv = ['pymetaq'] + sys.argv[1:]; "
+    "runpy.run_module('pymetaq.server.cli', run_name='__main__', alter_sys=True)"
+)
 
 DEFAULT_SYSTEM: dict[str, Any] = {
     "brokerId": 0,
@@ -62,10 +69,18 @@ def write_server_ini(
 class BrokerProcess:
     """A broker subprocess; use :meth:`start`."""
 
-    def __init__(self, config_path: Path, cwd: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        cwd: Path,
+        env: Mapping[str, str] | None = None,
+        nofile: tuple[int, int] | None = None,
+    ) -> None:
         self.config_path = config_path
         self.cwd = cwd
         self.env = dict(env or {})
+        #: (soft, hard) RLIMIT_NOFILE the broker process starts with (fd-exhaustion tests)
+        self.nofile = nofile
         self.proc: subprocess.Popen[bytes] | None = None
         self.host = "127.0.0.1"
         self.port = 0
@@ -83,6 +98,7 @@ class BrokerProcess:
         topics: Mapping[str, Mapping[str, Any]] | None = None,
         ini_text: str | None = None,
         name: str = "broker",
+        nofile: tuple[int, int] | None = None,
     ) -> BrokerProcess:
         """Write a config under ``tmp_path/name`` and start a broker on it."""
         base = tmp_path / name
@@ -92,7 +108,7 @@ class BrokerProcess:
             config.write_text(ini_text, encoding="utf-8")
         else:
             write_server_ini(config, data_path=base / "data", system=system, topics=topics)
-        broker = cls(config, base)
+        broker = cls(config, base, nofile=nofile)
         broker.launch()
         return broker
 
@@ -116,8 +132,12 @@ class BrokerProcess:
                 self.proc.stdout.close()
         with self._lock:
             self._lines = []
+        args = ["server", "-f", str(self.config_path)]
+        argv = [sys.executable, "-m", "pymetaq.server.cli", *args]
+        if self.nofile is not None:  # lower the limit in the child, then run the broker
+            argv = [sys.executable, "-c", _LIMITED % self.nofile, *args]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pymetaq.server.cli", "server", "-f", str(self.config_path)],
+            argv,
             cwd=self.cwd,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -14,8 +14,11 @@ Reply = ResultReply | ValueReply
 class Wire:
     """One blocking connection that reads replies through the codec's client parser."""
 
-    def __init__(self, address: tuple[str, int], timeout: float = 20.0) -> None:
-        self.sock = socket.create_connection(address, timeout=timeout)
+    def __init__(
+        self, address: tuple[str, int], timeout: float = 20.0, source: str | None = None
+    ) -> None:
+        src = None if source is None else (source, 0)
+        self.sock = socket.create_connection(address, timeout=timeout, source_address=src)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.parser = Parser(Role.CLIENT, Limits(max_body=64 << 20))
         self.raw = bytearray()
