@@ -76,17 +76,16 @@ from pymetaq.server.config import TopicConfig
 from pymetaq.server.connection import Connection
 from pymetaq.server.errors import describe_os_error
 from pymetaq.server.limits import (
-    AutoCreated,
     BodyBudget,
     ConnectionCounts,
     Throttled,
     descriptor_shortfall,
 )
 from pymetaq.server.longpoll import LongPoll
+from pymetaq.server.partitions import Partitions, TooManyPartitions
 from pymetaq.server.puts import Appender
 from pymetaq.server.stats import VERSION, PartitionInfo, Stats
 from pymetaq.storage import (
-    MessageStoreManager,
     PartitionLog,
     PartitionOutOfRange,
     ReadStatus,
@@ -116,10 +115,6 @@ def _route(kind: type[C], handler: Callable[[Connection, C], None]) -> tuple[typ
     return kind, cast(Handler, handler)
 
 
-class TooManyPartitions(Exception):
-    """A put would create a pattern-topic partition past ``maxAutoCreatedPartitions``."""
-
-
 class Dispatcher:
     """Routes parsed commands to handlers; owns the connections, the stats and the waiters."""
 
@@ -138,10 +133,9 @@ class Dispatcher:
         self.appender = Appender(loop, self.stats, system.max_put_size)
         self.body_budget = BodyBudget(system.max_buffered_body_bytes)
         self.per_ip = ConnectionCounts(system.max_connections_per_ip)
-        self.auto_created = AutoCreated(system.max_auto_created_partitions, self._pattern_logs())
         self.throttled = Throttled(log)
-        self._logs: dict[tuple[str, int], PartitionLog] = {}
         self.longpoll = LongPoll(self)
+        self.partitions = Partitions(broker, self.longpoll.store_created)
         self._table: dict[type, Handler] = dict(
             (
                 _route(PutCommand, self.on_put),
@@ -234,57 +228,7 @@ class Dispatcher:
 
     def invalidate_logs(self) -> None:
         """Forget cached log lookups (after a config reload)."""
-        self._logs.clear()
-        self.auto_created.reset(self._pattern_logs())
-
-    def _pattern_logs(self) -> list[tuple[str, int]]:
-        """The partitions that exist for topics matching a pattern (not an exact section)."""
-        config = self.broker.config
-        out = []
-        for plog in self.broker.store.logs():
-            tc = config.topic_config(plog.topic)
-            if tc is not None and tc.is_pattern:
-                out.append((plog.topic, plog.partition))
-        return out
-
-    # -- storage lookups ----------------------------------------------------------------------
-    def _log_for_write(self, topic: str, partition: int, tc: TopicConfig) -> PartitionLog:
-        """The log of a put, created if needed: raises TooManyPartitions, StorageError, OSError."""
-        key = (topic, partition)
-        plog = self._logs.get(key)
-        if plog is not None:
-            return plog
-        store: MessageStoreManager = self.broker.store
-        plog = store.get_log(topic, partition, create=False)
-        if plog is None:
-            if tc.is_pattern and not self.auto_created.admit(topic, partition):
-                raise TooManyPartitions(
-                    f"The topic `{topic}` cannot get partition {partition}: the broker holds "
-                    f"{len(self.auto_created)} partitions of pattern topics "
-                    f"(maxAutoCreatedPartitions={self.auto_created.limit})"
-                )
-            try:
-                plog = store.get_log(topic, partition, create=True)
-            except BaseException:
-                self.auto_created.forget(topic, partition)
-                raise
-            assert plog is not None
-            self.longpoll.store_created(topic, partition, plog)
-        self._logs[key] = plog
-        return plog
-
-    def _log_for_read(self, topic: str, partition: int) -> PartitionLog | None:
-        plog = self._logs.get((topic, partition))
-        if plog is not None:
-            return plog
-        store: MessageStoreManager = self.broker.store
-        try:
-            plog = store.get_log(topic, partition, create=False)
-        except (UnknownTopic, PartitionOutOfRange):
-            return None
-        if plog is not None:
-            self._logs[(topic, partition)] = plog
-        return plog
+        self.partitions.invalidate()
 
     def read_failure(self, plog: PartitionLog, exc: BaseException) -> bytes:
         """Log a failed read (throttled) and give the 500 reply's text."""
@@ -322,7 +266,7 @@ class Dispatcher:
             )
             return None
         try:
-            return self._log_for_write(topic, partition, tc), tc
+            return self.partitions.for_write(topic, partition, tc), tc
         except (UnknownTopic, PartitionOutOfRange, TooManyPartitions) as exc:
             self._put_failed(conn, opaque, str(exc))
         except (StorageError, OSError) as exc:
@@ -394,7 +338,7 @@ class Dispatcher:
             )
             return
         long_poll = (cmd.max_wait_ms or 0) > 0
-        plog = self._log_for_read(cmd.topic, cmd.partition)
+        plog = self.partitions.for_read(cmd.topic, cmd.partition)
         if plog is None:
             if long_poll and tc is not None and 0 <= cmd.partition < tc.num_partitions:
                 self.longpoll.wait(conn, cmd, None)  # until a put creates the store
@@ -456,7 +400,7 @@ class Dispatcher:
 
     def on_offset(self, conn: Connection, cmd: OffsetCommand) -> None:
         self.stats.counters["cmd_offset"] += 1
-        plog = self._log_for_read(cmd.topic, cmd.partition)
+        plog = self.partitions.for_read(cmd.topic, cmd.partition)
         if plog is None:
             conn.result(
                 404,
