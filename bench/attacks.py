@@ -8,8 +8,9 @@ corrupt messages, hangs and errors, its round-trip latency (p50/p99/max ms), the
 (MB) and descriptors before / peak / after, and whether it crashed.
 
 The broker starts with RLIMIT_NOFILE soft 1024 / hard 4096 (a common default: the broker raises
-the soft limit to the hard one at start).  ``--legacy`` leaves out the ``[system]`` keys added
-by the reliability work (for measuring a tree from before it).
+the soft limit to the hard one at start) and the limits ``tests/server/_attacks.LIMITS`` (those
+``tests/server/test_resources.py`` asserts under).  ``--legacy`` leaves them out (for measuring
+a tree from before they existed).
 
 Thread-safety: a single-threaded script (the attack helpers start their own threads).
 """
@@ -29,6 +30,8 @@ if str(ROOT) not in sys.path:
 
 from tests._broker import BrokerProcess  # noqa: E402
 from tests.server._attacks import (  # noqa: E402
+    LIMITS,
+    NOFILE,
     TOPICS,
     AttackReport,
     drip,
@@ -38,15 +41,6 @@ from tests.server._attacks import (  # noqa: E402
     run_attack,
     unknown_stat_topics,
 )
-
-#: the limits the attacks meet (pymetaq extensions; defaults are documented in server/config.py)
-NEW_KEYS: dict[str, Any] = {
-    "maxAutoCreatedPartitions": 200,
-    "requestTimeoutMs": 3000,
-    "maxBufferedBodyBytes": 64 << 20,
-    "maxConnectionsPerIp": 256,
-}
-NOFILE = (1024, 4096)
 
 ATTACKS = {
     "pattern_topics": pattern_topics(3000),
@@ -60,7 +54,7 @@ ATTACKS = {
 def run_one(name: str, legacy: bool, tmp: Path) -> AttackReport:
     system: dict[str, Any] = {"idleTimeoutMs": 600_000}
     if not legacy:
-        system.update(NEW_KEYS)
+        system.update(LIMITS)
     with BrokerProcess.start(tmp, topics=TOPICS, system=system, name=name, nofile=NOFILE) as b:
         report = run_attack(b, name, ATTACKS[name], settle_s=4.0)
         if report.crashed:

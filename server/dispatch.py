@@ -78,6 +78,7 @@ from pymetaq.server.errors import describe_os_error
 from pymetaq.server.limits import (
     BodyBudget,
     ConnectionCounts,
+    MemoryReturn,
     Throttled,
     descriptor_shortfall,
 )
@@ -152,9 +153,8 @@ class Dispatcher:
         shortfall = descriptor_shortfall(system.max_connections, partitions)
         if shortfall is not None:
             log.warning("%s", shortfall)
-        self._sweep: asyncio.TimerHandle | None = None
-        if system.request_timeout_ms > 0:
-            self._sweep = loop.call_later(self._sweep_period(), self._check_deadlines)
+        self.memory_return = MemoryReturn()
+        self._sweep = loop.call_later(self._sweep_period(), self._check_deadlines)
 
     # -- connections --------------------------------------------------------------------------
     def connection_opened(self, conn: Connection) -> bool:
@@ -203,18 +203,22 @@ class Dispatcher:
         )
 
     def _sweep_period(self) -> float:
-        return min(1.0, self.broker.config.system.request_timeout_ms / 4000.0)
+        timeout_ms = self.broker.config.system.request_timeout_ms
+        return min(1.0, timeout_ms / 4000.0) if timeout_ms > 0 else 1.0
 
     def _check_deadlines(self) -> None:
-        """Abort connections whose request, replies or close outlived requestTimeoutMs."""
+        """Abort connections whose request, replies or close outlived requestTimeoutMs; hand
+        memory of released bodies back to the OS."""
         timeout_s = self.broker.config.system.request_timeout_ms / 1000.0
-        now = self.loop.time()
-        for conn in list(self.connections):
-            reason = conn.check_deadlines(now, timeout_s)
-            if reason is not None:
-                self.throttled.log(
-                    "deadline", logging.INFO, "closed connection from %s: %s", conn.peer, reason
-                )
+        if timeout_s > 0:
+            now = self.loop.time()
+            for conn in list(self.connections):
+                reason = conn.check_deadlines(now, timeout_s)
+                if reason is not None:
+                    self.throttled.log(
+                        "deadline", logging.INFO, "closed connection from %s: %s", conn.peer, reason
+                    )
+        self.memory_return.maybe_trim(self.body_budget)
         self._sweep = self.loop.call_later(self._sweep_period(), self._check_deadlines)
 
     def handle(self, conn: Connection, cmd: Event) -> None:

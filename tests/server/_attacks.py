@@ -47,6 +47,16 @@ TOPICS: dict[str, dict[str, str]] = {
     "auto-*": {},
     "st-*": {"stat": "true"},
 }
+#: the [system] limits the attacks meet (pymetaq extensions; defaults in server/config.py)
+LIMITS: dict[str, int] = {
+    "maxAutoCreatedPartitions": 100,
+    "requestTimeoutMs": 2000,
+    "maxBufferedBodyBytes": 64 << 20,
+    "maxConnectionsPerIp": 100,
+}
+#: RLIMIT_NOFILE the broker starts with: a common soft/hard pair (the broker raises the soft
+#: limit to the hard one)
+NOFILE = (1024, 4096)
 
 
 # --------------------------------------------------------------------------- measurement

@@ -8,7 +8,13 @@ import random
 
 import pytest
 
-from pymetaq.server.limits import AutoCreated, BodyBudget, ConnectionCounts, Throttled
+from pymetaq.server.limits import (
+    AutoCreated,
+    BodyBudget,
+    ConnectionCounts,
+    MemoryReturn,
+    Throttled,
+)
 
 
 class Client:
@@ -111,3 +117,18 @@ def test_throttled_logs_once_per_interval_and_counts_the_rest(
         "closing 99 (and 9 more like it in the last 5 s)",
         "other key",
     ]
+
+
+def test_memory_is_returned_once_enough_body_bytes_were_released() -> None:
+    budget = BodyBudget(100 << 20)
+    trims: list[int] = []
+    memory = MemoryReturn(threshold=10 << 20)
+    memory._trim = lambda pad: trims.append(pad) or 1  # the libc call, observed
+    a = Client("a")
+    budget.reserve(a, 6 << 20)
+    budget.release(a)
+    assert not memory.maybe_trim(budget) and trims == []  # 6 MiB: not yet
+    budget.reserve(a, 6 << 20)
+    budget.release(a)
+    assert memory.maybe_trim(budget) and trims == [0]
+    assert not memory.maybe_trim(budget)  # counted from zero again

@@ -21,6 +21,8 @@ import pytest
 
 from tests._broker import BrokerProcess
 from tests.server._attacks import (
+    LIMITS,
+    NOFILE,
     TOPICS,
     Attack,
     AttackReport,
@@ -34,17 +36,10 @@ from tests.server._attacks import (
 
 pytestmark = pytest.mark.slow
 
-LIMITS = {
-    "maxAutoCreatedPartitions": 100,
-    "requestTimeoutMs": 2000,
-    "maxBufferedBodyBytes": 64 << 20,
-    "maxConnectionsPerIp": 100,
-}
-
 
 def attack(tmp_path: Path, name: str, how: Attack, **system: Any) -> AttackReport:
     with BrokerProcess.start(
-        tmp_path, topics=TOPICS, system={**LIMITS, **system}, nofile=(1024, 4096)
+        tmp_path, topics=TOPICS, system={**LIMITS, **system}, nofile=NOFILE
     ) as broker:
         report = run_attack(broker, name, how, settle_s=3.0)
         log = broker.log_text()
