@@ -20,13 +20,17 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pymetaq.storage.checksum import checksum
+from pymetaq.storage.checksum import MASK31, checksum
 
 HEADER = struct.Struct(">iiqi")
 HEADER_SIZE = HEADER.size  # 20
 LEN_CRC = struct.Struct(">ii")
+#: the length read unsigned: a negative length becomes huge and fails one bounds check
+LEN_CRC_UNSIGNED = struct.Struct(">Ii")
 MSG_ID = struct.Struct(">q")
 ATTR_LEN = struct.Struct(">i")
+#: the all-zero header: the end of a preallocated (zero-filled) segment tail, never a record
+ZERO_HEADER = bytes(HEADER.size)
 
 #: flag bit 0: the data section starts with ``int32 attrLen`` + UTF-8 attribute (MetaQ).
 FLAG_ATTRIBUTE = 0x1
@@ -34,6 +38,26 @@ FLAG_ATTRIBUTE = 0x1
 FLAG_LZ4_BATCH = 0x100
 
 assert HEADER_SIZE == 20
+
+__all__ = [
+    "ATTR_LEN",
+    "FLAG_ATTRIBUTE",
+    "FLAG_LZ4_BATCH",
+    "HEADER",
+    "HEADER_SIZE",
+    "LEN_CRC",
+    "LEN_CRC_UNSIGNED",
+    "MASK31",
+    "MSG_ID",
+    "ZERO_HEADER",
+    "CorruptRecordError",
+    "Record",
+    "checksum",
+    "decode_data",
+    "encode_data",
+    "encode_record",
+    "iter_records",
+]
 
 
 def encode_data(payload: bytes, attribute: str | None = None) -> tuple[bytes, int]:
