@@ -57,11 +57,12 @@ from pymetaq.client.protocol import (
     TransactionType,
     VersionCommand,
 )
+from pymetaq.client.protocol.names import topic_name_error
 from pymetaq.server.connection import Connection
-from pymetaq.server.longpoll import LongPoll
+from pymetaq.server.longpoll import MAX_WAIT_MS, LongPoll
 from pymetaq.server.puts import Appender
 from pymetaq.server.stats import VERSION, PartitionInfo, Stats
-from pymetaq.storage import PartitionOutOfRange, ReadStatus, UnknownTopic
+from pymetaq.storage import PartitionOutOfRange, ReadStatus, StorageError, UnknownTopic
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import HEADER_SIZE
 
@@ -93,6 +94,8 @@ class Dispatcher:
         self.appender = Appender(loop, self.stats, system.max_put_size)
         self._logs: dict[tuple[str, int], Any] = {}
         self.longpoll = LongPoll(self)
+        #: long-poll gets parked on a partition that has no store yet (a get creates nothing)
+        self._store_waits: dict[tuple[str, int], list[tuple[Connection, GetCommand, Any]]] = {}
         self._table: dict[type, Callable[[Connection, Any], None]] = {
             PutCommand: self.on_put,
             BatchPutCommand: self.on_bput,
@@ -140,9 +143,16 @@ class Dispatcher:
         if plog is None:
             plog = self.broker.store.get_log(topic, partition, create=True)
             self._logs[key] = plog
+            for conn, cmd, timer in self._store_waits.pop(key, ()):
+                timer.cancel()
+                conn.request_done()
+                if not conn.closed:
+                    self.longpoll.wait(conn, cmd, plog)
         return plog
 
     def _log_for_read(self, topic: str, partition: int) -> Any:
+        """The log, or None if there is none; a get or offset never creates one.  Raises
+        StorageError for a partition that exists but cannot be served (fenced)."""
         plog = self._logs.get((topic, partition))
         if plog is not None:
             return plog
@@ -157,6 +167,10 @@ class Dispatcher:
     # -- put ------------------------------------------------------------------------------------
     def _put_target(self, conn: Connection, topic: str, partition: int, opaque: int) -> Any:
         """Resolve (topic, partition) for a put, answering the error itself; None on error."""
+        bad = topic_name_error(topic)
+        if bad is not None:  # before anything touches the disk
+            self._put_failed(conn, opaque, bad, code=400)
+            return None
         tc = self.broker.config.topic_config(topic)
         if tc is None:
             self._put_failed(
@@ -183,6 +197,9 @@ class Dispatcher:
             return self._log_for_write(topic, partition), tc
         except (UnknownTopic, PartitionOutOfRange) as exc:
             self._put_failed(conn, opaque, str(exc))
+            return None
+        except StorageError as exc:  # a fenced (damaged) partition, no descriptors, ...
+            self._put_failed(conn, opaque, f"Put message failed: {exc}")
             return None
 
     def _put_failed(self, conn: Connection, opaque: int, reason: str, code: int = 500) -> None:
@@ -225,6 +242,8 @@ class Dispatcher:
     # -- get / offset ---------------------------------------------------------------------------
     def on_get(self, conn: Connection, cmd: GetCommand) -> None:
         self.stats.counters["cmd_get"] += 1
+        if self._bad_topic(conn, cmd.topic, cmd.opaque):
+            return
         if cmd.max_size <= 0:
             conn.result(400, f"Bad request,invalid max size:{cmd.max_size}".encode(), cmd.opaque)
             return
@@ -237,9 +256,12 @@ class Dispatcher:
             )
             return
         long_poll = (cmd.max_wait_ms or 0) > 0
-        plog = self._log_for_read(cmd.topic, cmd.partition)
+        plog = self._read_target(conn, cmd.topic, cmd.partition, cmd.opaque)
+        if plog is False:
+            return
         if plog is None and long_poll and tc is not None and 0 <= cmd.partition < tc.num_partitions:
-            plog = self._log_for_write(cmd.topic, cmd.partition)  # wait on a store to come
+            self._wait_for_store(conn, cmd)  # creates nothing: a put creating it wakes the get
+            return
         if plog is None:
             self._get_miss(conn, cmd.topic, tc is not None and tc.stat)
             conn.result(
@@ -263,8 +285,10 @@ class Dispatcher:
             conn.reply_region(b"value %d %d\r\n" % (region.length, cmd.opaque), region)
             return True
         if res.status is ReadStatus.OUT_OF_RANGE:
-            below = cmd.offset < plog.min_offset
-            if below or cmd.offset == LONG_MAX or self.broker.config.system.update_consumer_offsets:
+            # the nearest data is ahead: before the first offset, or in a gap (offsets whose
+            # data is gone, see storage.recovery): always 301 there, never a 404 to wait on
+            ahead = res.offset > cmd.offset
+            if ahead or cmd.offset == LONG_MAX or self.broker.config.system.update_consumer_offsets:
                 self._get_miss(conn, cmd.topic, stat)
                 conn.result(301, str(res.offset).encode(), cmd.opaque)
                 return True
@@ -285,7 +309,11 @@ class Dispatcher:
 
     def on_offset(self, conn: Connection, cmd: OffsetCommand) -> None:
         self.stats.counters["cmd_offset"] += 1
-        plog = self._log_for_read(cmd.topic, cmd.partition)
+        if self._bad_topic(conn, cmd.topic, cmd.opaque):
+            return
+        plog = self._read_target(conn, cmd.topic, cmd.partition, cmd.opaque)
+        if plog is False:
+            return
         if plog is None:
             conn.result(
                 404,
@@ -296,6 +324,51 @@ class Dispatcher:
         if self._stat_topic(cmd.topic):
             self.stats.realtime("offset", cmd.topic)
         conn.result(200, str(plog.nearest_offset(cmd.offset)).encode(), cmd.opaque)
+
+    # -- names, damaged partitions, gets waiting for a store (issue 8) ---------------------------
+    def _bad_topic(self, conn: Connection, topic: str, opaque: int) -> bool:
+        """Answer 400 for a name that can never be a topic (before anything touches the disk)."""
+        bad = topic_name_error(topic)
+        if bad is not None:
+            conn.result(400, bad.encode(), opaque)
+        return bad is not None
+
+    def _read_target(self, conn: Connection, topic: str, partition: int, opaque: int) -> Any:
+        """The log for a get/offset, None if there is none, or False after answering 500 for a
+        partition that cannot be served (fenced as damaged)."""
+        try:
+            return self._log_for_read(topic, partition)
+        except StorageError as exc:
+            conn.result(500, str(exc).encode("utf-8", "replace"), opaque)
+            return False
+
+    def _wait_for_store(self, conn: Connection, cmd: GetCommand) -> None:
+        """Park a long-poll get on a configured partition that has no store yet, until a put
+        creates it (:meth:`_log_for_write` hands it to the long poll) or maxWaitMs passes."""
+        conn.request_started()
+        delay = min(cmd.max_wait_ms or 0, MAX_WAIT_MS) / 1000.0
+        timer = self.loop.call_later(delay, self._store_wait_expired, conn, cmd)
+        self._store_waits.setdefault((cmd.topic, cmd.partition), []).append((conn, cmd, timer))
+
+    def _store_wait_expired(self, conn: Connection, cmd: GetCommand) -> None:
+        key = (cmd.topic, cmd.partition)
+        waits = self._store_waits.get(key, [])
+        for entry in [e for e in waits if e[1] is cmd]:
+            waits.remove(entry)
+            entry[2].cancel()
+            conn.request_done()
+            if not conn.closed:
+                self._get_miss(conn, cmd.topic, self._stat_topic(cmd.topic))
+                body = f"The topic `{cmd.topic}` in partition `{cmd.partition}` is not exists"
+                conn.result(404, body.encode(), cmd.opaque)
+        if not waits:
+            self._store_waits.pop(key, None)
+
+    def expire_store_waits(self) -> None:
+        """Answer every get parked on a missing store now (shutdown)."""
+        for waits in list(self._store_waits.values()):
+            for conn, cmd, _timer in list(waits):
+                self._store_wait_expired(conn, cmd)
 
     # -- the rest -------------------------------------------------------------------------------
     def on_stats(self, conn: Connection, cmd: StatsCommand) -> None:

@@ -31,9 +31,10 @@ from pymetaq.storage.errors import (
     UnknownTopic,
 )
 from pymetaq.storage.ids import IdWorker
-from pymetaq.storage.log import AppendResult, PartitionLog, ReadResult, ReadStatus
+from pymetaq.storage.log import PartitionLog
 from pymetaq.storage.manager import MessageStoreManager
 from pymetaq.storage.recovery import RecoveryReport
+from pymetaq.storage.results import AppendResult, ReadResult, ReadStatus
 from pymetaq.storage.retention import RetentionAction, RetentionActionKind
 from pymetaq.storage.segment import FileRegion
 

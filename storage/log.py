@@ -10,9 +10,19 @@ segment as ``<next offset>.meta.new`` (a sparse ``ftruncate`` and an ``mmap``: n
 flusher then, in segment order and before it advances ``max_offset`` past them, seals each
 rolled segment (drops the map, trims the file to its written length, fdatasync) and renames
 each new segment to its final name (then fsyncs the directory).  So a ``.meta`` file in the
-middle of a log is always trimmed, and a crash can leave at most ``.meta.new`` files that
-nothing durable depends on (recovery deletes them).  A batch larger than ``max_segment_size``
-gets a segment of its own, sized to fit (the only way a segment exceeds the limit).
+middle of a log is always trimmed.  A crash can leave ``.meta.new`` files; in threshold mode
+they may hold acknowledged messages, so recovery adopts each one that continues the log exactly
+(a process crash loses nothing) and counts what it discards.  A batch larger than
+``max_segment_size`` gets a segment of its own, sized to fit (the only way a segment exceeds
+the limit).
+
+Shortages are not failures: no space for a write (:class:`~pymetaq.storage.errors.DiskFull`,
+space is reserved before anything is stored), no descriptor for a new segment
+(:class:`~pymetaq.storage.errors.ResourceExhausted`) raise from ``append`` with nothing written
+and the log healthy; a sync that cannot get a descriptor is retried by the flusher.  Only a
+failed fdatasync (the kernel may have dropped the dirty pages) fails the log for good.
+The durable end is recorded in the partition's ``highwater`` file before readers can see it
+(:mod:`pymetaq.storage.highwater`), so offsets never go backwards.
 
 Durability (per topic, :class:`~pymetaq.storage.config.TopicStoreConfig`):
 
@@ -43,12 +53,10 @@ snapshot of the segment list and ``pread``/a dup'd descriptor on the durable ran
 from __future__ import annotations
 
 import bisect
-import enum
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from pymetaq.storage.batch import count_records, stamp_batch
@@ -62,13 +70,13 @@ from pymetaq.storage.errors import (
 )
 from pymetaq.storage.highwater import HighWater
 from pymetaq.storage.ids import IdWorker
+from pymetaq.storage.results import AppendResult, DurableCallback, ReadResult, ReadStatus
 from pymetaq.storage.scan import TailState, tail_crc
 from pymetaq.storage.segment import NEW_SUFFIX, FileRegion, Segment, segment_path
 from pymetaq.storage.space import SpaceGuard
 
 log = logging.getLogger(__name__)
 
-DurableCallback = Callable[["AppendResult", BaseException | None], None]
 #: a rename or directory fsync failing with these is retried (nothing was lost)
 _RETRY_DIR = TRANSIENT | NO_SPACE
 
@@ -89,27 +97,6 @@ def _step(fn: Callable[..., None], *args: str, retry: frozenset[int]) -> None:
 class FlushScheduler(Protocol):
     def request(self, plog: PartitionLog) -> None: ...
     def retry_later(self, plog: PartitionLog) -> None: ...
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    offset: int  # byte position of the first record
-    length: int  # bytes appended
-    count: int  # records appended
-    first_msg_id: int  # ids are first_msg_id, first_msg_id + 1, ... (consecutive)
-
-
-class ReadStatus(enum.Enum):
-    OK = "ok"
-    NO_DATA = "no_data"
-    OUT_OF_RANGE = "out_of_range"
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    status: ReadStatus
-    offset: int  # OK: the start; OUT_OF_RANGE: the nearest valid offset
-    region: FileRegion | None  # OK only
 
 
 class PartitionLog:

@@ -225,9 +225,18 @@ class MessageStoreManager:
                 seg.file.close()
             raise _transient(e, directory) from e
         plog = PartitionLog(
-            topic, partition, directory, segments, self.config, cfg, self._disk, self.ids,
-            self._flusher, high_water=high_water, space=self._space_for(root),
-        )  # fmt: skip
+            topic,
+            partition,
+            directory,
+            segments,
+            self.config,
+            cfg,
+            self._disk,
+            self.ids,
+            self._flusher,
+            high_water=high_water,
+            space=self._space_for(root),
+        )
         self._logs[(topic, partition)] = plog
         st = os.stat(directory)
         self._by_dir[(st.st_dev, st.st_ino)] = plog
@@ -247,9 +256,7 @@ class MessageStoreManager:
         reason = f"partition {topic}-{partition} is damaged and fenced: {exc}"
         self.fenced[(topic, partition)] = reason
         log.error("%s", reason)
-        report = RecoveryReport(
-            topic, partition, directory, False, 0, 0, 0, 0, 0, 0, 0, None, 0, fenced=str(exc)
-        )
+        report = RecoveryReport(topic, partition, directory, fenced=str(exc))
         self.recovery_reports.append(report)
         return report
 
@@ -381,6 +388,17 @@ class MessageStoreManager:
                     tails[os.path.realpath(plog.directory)] = plog.tail_state
             if self._opened:
                 self._write_marker(tails)
+        finally:
+            self._release_locks()
+
+    def abort(self) -> None:
+        """Give up after a failed :meth:`open`: close what was opened, write no marker (the
+        next start scans), release the locks."""
+        with self._lock:
+            self._closed = True
+        try:
+            for plog in self.logs():
+                plog.close()
         finally:
             self._release_locks()
 

@@ -41,6 +41,7 @@ from pymetaq.storage.errors import CorruptLogError
 from pymetaq.storage.highwater import read_gaps, read_high_water, write_gap
 from pymetaq.storage.scan import ScanResult, TailState, scan_segment, tail_crc
 from pymetaq.storage.segment import (
+    GAP_SUFFIX,
     NEW_SUFFIX,
     SUFFIX,
     Segment,
@@ -59,16 +60,16 @@ class RecoveryReport:
     topic: str
     partition: int
     directory: str
-    clean: bool  # the clean-shutdown marker vouched for this partition: no scan
-    segments: int
-    min_offset: int
-    max_offset: int
-    records_scanned: int  # records validated in the tail (0 when clean)
-    bytes_scanned: int
-    records_cut: int  # records discarded (torn/corrupt tails, .meta.new that did not continue)
-    bytes_cut: int
-    truncated_at: int | None  # absolute offset of the first cut, None if nothing was cut
-    last_msg_id: int  # highest id seen in the scanned segments (0 if unknown/empty)
+    clean: bool = False  # the clean-shutdown marker vouched for this partition: no scan
+    segments: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+    records_scanned: int = 0  # records validated in the tail (0 when clean)
+    bytes_scanned: int = 0
+    records_cut: int = 0  # records discarded (torn/corrupt tails, .meta.new not continuing)
+    bytes_cut: int = 0
+    truncated_at: int | None = None  # absolute offset of the first cut, None if nothing cut
+    last_msg_id: int = 0  # highest id seen in the scanned segments (0 if unknown/empty)
     adopted: int = 0  # .meta.new roll segments adopted (they continued the log exactly)
     gap: tuple[int, int] | None = None  # [end, high-water): handed-out offsets whose data is gone
     fenced: str | None = None  # why the partition is fenced (damaged); then nothing was opened
@@ -170,9 +171,14 @@ def _create_first(
     disk.sync_dir(directory)
     seg = Segment(start, file, 0, 0, capacity, path)
     report = RecoveryReport(
-        topic, partition, directory, False, 1, start, start, 0, 0, 0, 0, None, 0,
+        topic,
+        partition,
+        directory,
+        segments=1,
+        min_offset=start,
+        max_offset=start,
         notes=tuple(notes),
-    )  # fmt: skip
+    )
     return [seg], report
 
 
@@ -191,6 +197,9 @@ def _open_existing(
         disk.rename(path, segment_path(directory, start))
         metas = [(start, segment_path(directory, start))]
         listing.notes.append(f"no .meta segment: adopted {segment_name(start, NEW_SUFFIX)}")
+    for start in [s for s, end in listing.gaps.items() if end <= metas[0][0]]:
+        disk.unlink(segment_path(directory, start, GAP_SUFFIX))  # retention removed its data
+        del listing.gaps[start]
     segments: list[Segment] = []
     try:
         for start, path in metas[:-1]:
@@ -296,9 +305,19 @@ class _Tail:
         self._finish(chain)
         end = self.segments[-1].end
         return RecoveryReport(
-            "", 0, self.directory, clean, 0, 0, end, self.scanned, self.scanned_bytes,
-            self.cut_records, self.cut_bytes, self.truncated_at, last_id, adopted,
-        )  # fmt: skip
+            "",
+            0,
+            self.directory,
+            clean=clean,
+            max_offset=end,
+            records_scanned=self.scanned,
+            bytes_scanned=self.scanned_bytes,
+            records_cut=self.cut_records,
+            bytes_cut=self.cut_bytes,
+            truncated_at=self.truncated_at,
+            last_msg_id=last_id,
+            adopted=adopted,
+        )
 
     def _discard(self, news: list[tuple[int, str]], why: str) -> None:
         for nstart, npath in news:

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from pymetaq.storage import AppendResult, PartitionLog
-from pymetaq.storage.log import DurableCallback
+from pymetaq.storage.results import DurableCallback
 from tests.storage.faultdisk import FaultDisk
 from tests.storage.helpers import abandon, batch, manager, read_all
 
