@@ -74,11 +74,12 @@ def _partitions(root: str, topic: str | None) -> list[tuple[str, int, str]]:
     return found
 
 
-def _print_check(pc: PartitionCheck, show_fix: bool = True) -> None:
+def _print_check(pc: PartitionCheck, show_fix: bool = True, quick: bool = False) -> None:
     name = f"{pc.topic}-{pc.partition}"
     state = "DAMAGED" if pc.damaged else "ok"
+    records = "" if quick else f"{pc.records:,} records, "
     print(
-        f"  {name:<24} {state:<8} {pc.segments} segment(s), {pc.records:,} records, "
+        f"  {name:<24} {state:<8} {pc.segments} segment(s), {records}"
         f"offsets {pc.min_offset:,}..{pc.max_offset:,}"
     )
     for f in pc.findings:
@@ -119,7 +120,7 @@ def run_check(args: argparse.Namespace) -> int:
             except OSError as exc:
                 pc = PartitionCheck(topic, partition, path)
                 pc.add(True, "", f"cannot list the directory: {exc.strerror or exc}")
-            _print_check(pc)
+            _print_check(pc, quick=args.quick)
             total += 1
             damaged += pc.damaged
     print(f"{total} partition(s) checked: {total - damaged} ok, {damaged} damaged")
@@ -162,7 +163,7 @@ def _repair_all(roots: list[str], topic: str | None) -> int:
         for name, partition, path in _partitions(root, topic):
             before = check_partition(path, name, partition)
             if not before.damaged:
-                print(f"  {name}-{partition:<20} ok, nothing to do")
+                print(f"  {f'{name}-{partition}':<24} ok, nothing to do")
                 continue
             try:
                 actions = repair_partition(path, name, partition)

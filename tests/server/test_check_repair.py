@@ -158,3 +158,32 @@ def test_check_an_empty_data_directory(tmp_path: Path) -> None:
     out = pymetaq("check", "--data-path", str(tmp_path / "d"), cwd=tmp_path)
     assert out.returncode == 0 and "0 partition(s) checked" in out.stdout
     assert os.listdir(tmp_path / "d") == []  # read-only: not even a lock file
+
+
+def test_a_deleted_newest_segment_moves_consumers_on_and_never_reuses_offsets(
+    tmp_path: Path,
+) -> None:
+    broker = BrokerProcess.start(tmp_path, topics=TOPICS, system=SYSTEM)
+    with broker:
+        stored = fill(broker)[0]
+        end = stored[-1][0] + 20 + len(stored[-1][1])
+        assert broker.terminate() == 0
+        newest = segments(broker, 0)[-1]
+        cut = int(newest.name[:20])
+        newest.unlink()  # an operator deletes the newest segment
+        out = pymetaq("check", "-f", str(broker.config_path), cwd=tmp_path)
+        assert out.returncode == 1
+        assert f"the log ends at {cut} but offsets up to {end} were handed out" in out.stdout
+        broker.launch()
+        assert f"continuing at {end}" in broker.log_text()
+        with Wire(broker.address) as w:
+            for consumer_at in (cut, end - 1):  # a consumer that had read past the cut
+                got = w.call(b"get t g 0 %d 4096 %d\r\n" % (consumer_at, consumer_at))
+                assert got == ResultReply(301, b"%d" % end, consumer_at), got
+            reply = w.call(put_line("t", 0, b"new", 9, checksum(b"new")))
+            assert isinstance(reply, ResultReply) and reply.code == 200
+            assert int(reply.body.split()[2]) == end  # not a reused offset
+            assert w.call(b"offset t g 0 %d 10\r\n" % cut) == ResultReply(200, b"%d" % end, 10)
+            records, moves = fetch(w, 0)
+            assert moves == [(cut, end)] and records[-1] == (end, b"new")
+            assert records[:-1] == [(o, d) for o, d in stored if o < cut]
