@@ -195,7 +195,12 @@ class PartitionLog:
             if seg.written + n > seg.capacity:
                 seg = self._roll(n)
             offset = seg.start + seg.written
-            self._write(seg, records)
+            try:
+                seg.file.write_at(seg.written, records)
+            except StorageError:  # DiskFull: space is reserved before anything is stored
+                raise
+            except BaseException as e:
+                raise self._write_failed(e) from e
             seg.written += n
             self.write_offset = offset + n
             self.message_count += count
@@ -244,23 +249,15 @@ class PartitionLog:
         if self._failed is not None:
             raise LogFailed(f"{self.name} failed earlier: {self._failed}") from self._failed
 
-    def _write(self, seg: Segment, records: bytearray) -> None:
-        """Copy a batch into the active segment (lock held).  A shortage of space or
-        descriptors raises a retriable error and leaves the log as it was (the space is
-        reserved before anything is stored); any other failure fails the log."""
-        try:
-            seg.file.write_at(seg.written, records)
-        except StorageError:
-            raise
-        except OSError as e:
+    def _write_failed(self, e: BaseException) -> StorageError:
+        """The error for a failed segment write (lock held): a shortage of descriptors is
+        retriable and leaves the log as it was; any other failure fails the log."""
+        if isinstance(e, OSError):
             err = transient_error(e, self.name)
             if err is not None:
-                raise err from e
-            self._failed = e
-            raise LogFailed(f"{self.name}: write failed: {e}") from e
-        except BaseException as e:
-            self._failed = e
-            raise LogFailed(f"{self.name}: write failed: {e}") from e
+                return err
+        self._failed = e
+        return LogFailed(f"{self.name}: write failed: {e}")
 
     def _roll(self, need: int) -> Segment:
         """Retire the active segment and start one at the write offset (lock held).
