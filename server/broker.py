@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import threading
 import time
@@ -32,8 +33,8 @@ from typing import Any
 from pymetaq.server.config import BrokerConfig, load_config
 from pymetaq.server.connection import Connection
 from pymetaq.server.dispatch import Dispatcher
-from pymetaq.server.errors import BrokerStateError, ConfigError
-from pymetaq.storage import MessageStoreManager
+from pymetaq.server.errors import BrokerStateError, ConfigError, StartupError
+from pymetaq.storage import MessageStoreManager, StorageError
 
 log = logging.getLogger("pymetaq.server")
 
@@ -105,6 +106,9 @@ class Broker:
     def _thread_main(self) -> None:
         try:
             asyncio.run(self.serve())
+        except StartupError as exc:
+            self._error = exc
+            log.error("%s", exc)
         except BaseException as exc:
             self._error = exc
             log.exception("broker failed")
@@ -118,6 +122,9 @@ class Broker:
             asyncio.run(self.serve(install_signals=True, own_process=True))
         except ConfigError:
             raise
+        except StartupError as exc:  # a reason for a person, not a traceback
+            log.error("%s", exc)
+            return 1
         except Exception:
             log.exception("broker failed")
             return 1
@@ -136,16 +143,18 @@ class Broker:
         self._stop_event = asyncio.Event()
         self._open_store()
         self.dispatcher = dispatcher = Dispatcher(self, loop)
+        port = self.config.system.server_port
         try:
             server = await loop.create_server(
-                lambda: Connection(dispatcher),
-                self.host,
-                self.config.system.server_port,
-                backlog=1024,
-                reuse_address=True,
+                lambda: Connection(dispatcher), self.host, port, backlog=1024, reuse_address=True
             )
-        except BaseException:
+        except BaseException as exc:
             self.store.close()
+            if isinstance(exc, OSError):
+                raise StartupError(
+                    f"cannot listen on {self.host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} "
+                    "(check hostName and serverPort)"
+                ) from exc
             raise
         self.port = server.sockets[0].getsockname()[1]
         if install_signals:
@@ -171,9 +180,23 @@ class Broker:
             await self._shutdown(server, dispatcher)
 
     def _open_store(self) -> None:
+        """Lock and open the data directory; every damaged partition is fenced (logged, with
+        errors for it) and the rest served; a directory that cannot be used stops the start."""
         self.store = MessageStoreManager(self.config.store_config(), self._topic_store_config)
-        for report in self.store.open():
-            log.debug("recovered %s", report)
+        try:
+            reports = self.store.open()
+        except (StorageError, OSError) as exc:
+            self.store.abort()
+            raise StartupError(f"cannot start: {exc}") from exc
+        for report in reports:
+            if report.fenced:
+                log.error(
+                    "partition %s-%d is fenced (damaged): puts and gets to it fail until "
+                    "`pymetaq repair -f %s` is run with the broker stopped",
+                    report.topic,
+                    report.partition,
+                    self.config.path,
+                )
         self.store.start()
         if self.config.zookeeper.enabled:
             log.warning("zk.zkEnable=true but ZooKeeper is not supported yet: running standalone")

@@ -1,9 +1,16 @@
 """The broker's configuration: MetaQ's ``server.ini`` as frozen dataclasses.
 
 Sections (MetaQ 1.4, ``MetaConfig``/``TopicConfig``/``ZKConfig``): ``[system]``,
-``[zookeeper]`` and one ``[topic=NAME]`` per topic, where NAME may contain ``*`` (any run of
-characters, MetaQ's ``.*``).  A topic is looked up by exact name first, then by the first
-matching pattern in file order; unset topic keys inherit ``[system]``.
+``[zookeeper]`` and one ``[topic=NAME]`` per topic.  NAME is a valid topic name
+(:mod:`pymetaq.client.protocol.names`: ``[A-Za-z0-9._-]``, not ``.``/``..``, at most 200
+characters) and may contain ``*``: any run of those characters (MetaQ's ``.*``, restricted so a
+pattern never matches ``/`` or ``..``).  A topic is looked up by exact name first, then by the
+first matching pattern in file order; unset topic keys inherit ``[system]``.
+
+Validated at load, so a mistake stops startup with the file, line and key instead of failing
+later: ``deleteWhen`` must parse (Quartz cron or ``every N[s|m|h|d]``) and fire at least once
+(before, a bad one started and retention silently never ran); ``hostName`` must be empty, an IP
+address or a host name that resolves (it is the listen address).
 
 Every MetaQ key is accepted.  Keys that pymetaq reads today are *live*; the others are parsed,
 validated and kept but *inert* until the feature that uses them lands (see ``INERT_KEYS``):
@@ -36,6 +43,9 @@ pymetaq's own ``[system]`` keys (limits; units in the names):
 | maxBatchSize             | 16777216  | largest ``bput`` body; a ``put`` body is bounded by |
 |                          |           | ``maxTransferSize - 20`` so every record can be     |
 |                          |           | fetched (a body over its limit: 400, discarded)     |
+| minFreeDiskBytes         | 67108864  | puts are refused (500, nothing stored) while a data |
+|                          |           | directory's filesystem has less free space (0 =     |
+|                          |           | off); reads go on, puts resume once space is freed  |
 
 Paths: a relative ``dataPath`` (and per-topic ``dataPath``) is resolved against the working
 directory of the process that loads the file, ``~`` is expanded; the shipped
@@ -46,15 +56,20 @@ Thread-safe: immutable values; loading is a pure function of the file.
 
 from __future__ import annotations
 
+import datetime as dt
+import ipaddress
 import os
 import re
+import socket
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pymetaq.client.protocol.names import InvalidTopicName, topic_pattern
 from pymetaq.server.errors import ConfigError
 from pymetaq.server.ini import IniEntry, IniSection, did_you_mean, eval_int, parse_bool, parse_ini
+from pymetaq.storage.cron import next_fire
 
 _CPUS = os.cpu_count() or 1
 
@@ -96,6 +111,7 @@ SYSTEM_KEYS: dict[str, tuple[str, str, Any]] = {
     "requestTimeoutMs": ("request_timeout_ms", "int", 30_000),
     "maxBufferedBodyBytes": ("max_buffered_body_bytes", "int", 256 * 1024 * 1024),
     "maxAutoCreatedPartitions": ("max_auto_created_partitions", "int", 1000),
+    "minFreeDiskBytes": ("min_free_disk_bytes", "int", 64 * 1024 * 1024),
 }
 
 ZK_KEYS: dict[str, tuple[str, str, Any]] = {
@@ -178,6 +194,7 @@ class SystemConfig:
     request_timeout_ms: int = 30_000
     max_buffered_body_bytes: int = 256 * 1024 * 1024
     max_auto_created_partitions: int = 1000
+    min_free_disk_bytes: int = 64 * 1024 * 1024
 
     @property
     def max_put_size(self) -> int:
@@ -267,6 +284,7 @@ class BrokerConfig:
             broker_id=s.broker_id,
             max_segment_size=s.max_segment_size,
             max_transfer_size=s.max_transfer_size,
+            min_free_disk_bytes=s.min_free_disk_bytes,
         )
 
     def with_system(self, **changes: Any) -> BrokerConfig:
@@ -362,6 +380,9 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "requestTimeoutMs": (lambda v: v >= 0, "must be >= 0 (0 = never)"),
     "maxBufferedBodyBytes": (lambda v: v >= 1 << 20, "must be >= 1048576 bytes"),
     "maxAutoCreatedPartitions": (lambda v: v >= 0, "must be >= 0"),
+    "minFreeDiskBytes": (lambda v: v >= 0, "must be >= 0 bytes (0 = no reserve)"),
+    "deleteWhen": (lambda v: _schedule_error(v) is None, "must be a Quartz cron expression"),
+    "hostName": (lambda v: _host_error(v) is None, "must be empty, an IP address or a host name"),
     "deletePolicy": (
         lambda v: re.fullmatch(r"(delete|archive),\d+[hms]?(,\w+)?", v) is not None,
         "must look like 'delete,168' or 'archive,168,true'",
@@ -369,11 +390,50 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+def _schedule_error(expr: str) -> str | None:
+    """Why ``expr`` cannot schedule retention (MetaQ's ``deleteWhen``), or None."""
+    try:
+        fire = next_fire(expr, dt.datetime.now())
+    except ValueError as exc:
+        return str(exc)
+    return None if fire is not None else "it never fires"
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _host_error(host: str) -> str | None:
+    """Why ``host`` cannot be the listen address (``hostName``), or None."""
+    if not host:
+        return None
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(p) for p in host.rstrip(".").split(".")):
+        return "not an IP address or a host name (RFC 1123)"
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"it does not resolve ({exc})"
+    return None
+
+
+_EXPLAIN: dict[str, Callable[[Any], str | None]] = {
+    "deleteWhen": _schedule_error,
+    "hostName": _host_error,
+}
+
+
 def _check(key: str, value: Any, line: int, section: str, path: str) -> None:
     check = _CHECKS.get(key)
     if check is not None and not check[0](value):
+        explain = _EXPLAIN.get(key)
+        why = f" ({explain(value)})" if explain is not None else ""
         raise ConfigError(
-            f"{path}:{line}: bad value for '{key}' in section [{section}]: {value!r} {check[1]}"
+            f"{path}:{line}: bad value for '{key}' in section [{section}]: {value!r} "
+            f"{check[1]}{why}"
         )
 
 
@@ -385,8 +445,12 @@ def _check_system(system: SystemConfig, section: IniSection | None, path: str) -
 
 def _topic(section: IniSection, system: SystemConfig, path: str, base: str) -> TopicConfig:
     name = section.name[len("topic=") :].strip()
-    if not name or any(c.isspace() for c in name):
-        raise ConfigError(f"{path}:{section.line}: bad topic name in [{section.name}]")
+    try:
+        pattern = topic_pattern(name)
+    except InvalidTopicName as exc:
+        raise ConfigError(
+            f"{path}:{section.line}: bad topic name in [{section.name}]: {exc}"
+        ) from exc
     values: dict[str, Any] = {}
     filters: list[tuple[str, str]] = []
     for entry in section.entries:
@@ -405,7 +469,6 @@ def _topic(section: IniSection, system: SystemConfig, path: str, base: str) -> T
         _check(entry.key, value, entry.line, section.name, path)
         values[attr] = value
     data_path = values.get("data_path")
-    pattern = re.compile(".*".join(re.escape(part) for part in name.split("*")))
     return TopicConfig(
         name=name,
         num_partitions=values.get("num_partitions", system.num_partitions),

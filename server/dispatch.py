@@ -56,7 +56,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 from pymetaq.client.protocol import (
     BatchPutCommand,
@@ -72,6 +72,7 @@ from pymetaq.client.protocol import (
     TransactionType,
     VersionCommand,
 )
+from pymetaq.client.protocol.names import topic_name_error
 from pymetaq.server.config import TopicConfig
 from pymetaq.server.connection import Connection
 from pymetaq.server.errors import describe_os_error
@@ -247,6 +248,10 @@ class Dispatcher:
         self, conn: Connection, topic: str, partition: int, opaque: int
     ) -> tuple[PartitionLog, TopicConfig] | None:
         """Resolve (topic, partition) for a put, answering the error itself; None on error."""
+        bad = topic_name_error(topic)
+        if bad is not None:  # before anything touches the disk
+            self._put_failed(conn, opaque, bad, code=400)
+            return None
         tc = self.broker.config.topic_config(topic)
         if tc is None:
             self._put_failed(
@@ -330,6 +335,8 @@ class Dispatcher:
     # -- get / offset ---------------------------------------------------------------------------
     def on_get(self, conn: Connection, cmd: GetCommand) -> None:
         self.stats.counters["cmd_get"] += 1
+        if self._bad_topic(conn, cmd.topic, cmd.opaque):
+            return
         if cmd.max_size <= 0:
             conn.result(400, f"Bad request,invalid max size:{cmd.max_size}".encode(), cmd.opaque)
             return
@@ -342,7 +349,9 @@ class Dispatcher:
             )
             return
         long_poll = (cmd.max_wait_ms or 0) > 0
-        plog = self.partitions.for_read(cmd.topic, cmd.partition)
+        plog = self._read_target(conn, cmd.topic, cmd.partition, cmd.opaque)
+        if plog is False:
+            return
         if plog is None:
             if long_poll and tc is not None and 0 <= cmd.partition < tc.num_partitions:
                 self.longpoll.wait(conn, cmd, None)  # until a put creates the store
@@ -382,8 +391,10 @@ class Dispatcher:
             conn.reply_region(plog, cmd.offset, region, cmd.opaque)
             return True
         if res.status is ReadStatus.OUT_OF_RANGE:
-            below = cmd.offset < plog.min_offset
-            if below or cmd.offset == LONG_MAX or self.broker.config.system.update_consumer_offsets:
+            # the nearest data is ahead: before the first offset, or in a gap (offsets whose
+            # data is gone, see storage.recovery): always 301 there, never a 404 to wait on
+            ahead = res.offset > cmd.offset
+            if ahead or cmd.offset == LONG_MAX or self.broker.config.system.update_consumer_offsets:
                 self._get_miss(cmd.topic, stat)
                 conn.result(301, str(res.offset).encode(), cmd.opaque)
                 return True
@@ -404,7 +415,11 @@ class Dispatcher:
 
     def on_offset(self, conn: Connection, cmd: OffsetCommand) -> None:
         self.stats.counters["cmd_offset"] += 1
-        plog = self.partitions.for_read(cmd.topic, cmd.partition)
+        if self._bad_topic(conn, cmd.topic, cmd.opaque):
+            return
+        plog = self._read_target(conn, cmd.topic, cmd.partition, cmd.opaque)
+        if plog is False:
+            return
         if plog is None:
             conn.result(
                 404,
@@ -415,6 +430,25 @@ class Dispatcher:
         if self._stat_topic(cmd.topic):
             self.stats.realtime("offset", cmd.topic)
         conn.result(200, str(plog.nearest_offset(cmd.offset)).encode(), cmd.opaque)
+
+    # -- names and damaged partitions (issue 8) -------------------------------------------------
+    def _bad_topic(self, conn: Connection, topic: str, opaque: int) -> bool:
+        """Answer 400 for a name that can never be a topic (before anything touches the disk)."""
+        bad = topic_name_error(topic)
+        if bad is not None:
+            conn.result(400, bad.encode(), opaque)
+        return bad is not None
+
+    def _read_target(
+        self, conn: Connection, topic: str, partition: int, opaque: int
+    ) -> PartitionLog | Literal[False] | None:
+        """The log for a get/offset, None if there is none, or False after answering 500 for a
+        partition that cannot be served (fenced as damaged)."""
+        try:
+            return self.partitions.for_read(topic, partition)
+        except StorageError as exc:
+            conn.result(500, str(exc).encode("utf-8", "replace"), opaque)
+            return False
 
     # -- the rest -------------------------------------------------------------------------------
     def on_stats(self, conn: Connection, cmd: StatsCommand) -> None:

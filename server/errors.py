@@ -3,6 +3,8 @@
 ```
 ServerError (retriable: bool)
 ├── ConfigError          server.ini is unreadable or invalid (never retriable)
+├── StartupError         the broker cannot start: its data directory is locked by another
+│                        broker, unwritable, or damaged beyond fencing; the port is taken
 └── BrokerStateError     start()/stop() used out of order (never retriable)
 ```
 
@@ -38,6 +40,12 @@ class ServerError(Exception):
 
 class ConfigError(ServerError):
     """server.ini could not be loaded; the message names the file, line, section and key."""
+
+    retriable = False
+
+
+class StartupError(ServerError):
+    """The broker could not start; the message says why and what to do (no traceback)."""
 
     retriable = False
 

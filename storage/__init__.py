@@ -16,39 +16,52 @@ from pymetaq.storage.cron import next_fire
 from pymetaq.storage.disk import Disk, MmapDisk, SegmentFile
 from pymetaq.storage.errors import (
     CorruptLogError,
+    DataDirError,
+    DataDirLocked,
+    DiskFull,
     DurabilityTimeout,
     InvalidRecords,
+    InvalidTopic,
     LogClosed,
     LogFailed,
+    PartitionFenced,
     PartitionOutOfRange,
+    ResourceExhausted,
     StorageError,
     UnknownTopic,
 )
 from pymetaq.storage.ids import IdWorker
-from pymetaq.storage.log import AppendResult, PartitionLog, ReadResult, ReadStatus
+from pymetaq.storage.log import PartitionLog
 from pymetaq.storage.manager import MessageStoreManager
 from pymetaq.storage.recovery import RecoveryReport
+from pymetaq.storage.results import AppendResult, ReadResult, ReadStatus
 from pymetaq.storage.retention import RetentionAction, RetentionActionKind
 from pymetaq.storage.segment import FileRegion
 
 __all__ = [
     "AppendResult",
     "CorruptLogError",
+    "DataDirError",
+    "DataDirLocked",
     "DeletePolicy",
     "Disk",
+    "DiskFull",
     "DurabilityTimeout",
     "FileRegion",
     "IdWorker",
     "InvalidRecords",
+    "InvalidTopic",
     "LogClosed",
     "LogFailed",
     "MessageStoreManager",
     "MmapDisk",
+    "PartitionFenced",
     "PartitionLog",
     "PartitionOutOfRange",
     "ReadResult",
     "ReadStatus",
     "RecoveryReport",
+    "ResourceExhausted",
     "RetentionAction",
     "RetentionActionKind",
     "SegmentFile",

@@ -20,7 +20,13 @@ import lz4.frame
 
 from pymetaq.storage.disk import Disk
 from pymetaq.storage.record import Record, iter_records
-from pymetaq.storage.segment import ARCHIVE_SUFFIX, LZ4_SUFFIX, SUFFIX
+from pymetaq.storage.segment import (
+    ARCHIVE_SUFFIX,
+    LZ4_SUFFIX,
+    SUFFIX,
+    parse_segment_name,
+    segment_path,
+)
 
 _CHUNK = 1 << 20
 
@@ -29,8 +35,9 @@ def archived_start(path: str) -> int:
     """The start offset encoded in an archived (or live) segment file name."""
     name = os.path.basename(path)
     for suffix in (LZ4_SUFFIX, ARCHIVE_SUFFIX, SUFFIX):
-        if name.endswith(suffix) and name[: -len(suffix)].isdigit():
-            return int(name[: -len(suffix)])
+        start = parse_segment_name(name, suffix)
+        if start is not None:
+            return start
     raise ValueError(f"{path!r} is not a segment or archived segment file name")
 
 
@@ -49,9 +56,10 @@ def iter_archived(path: str, *, verify: bool = True) -> Iterator[Record]:
     yield from iter_records(read_archived(path), archived_start(path), verify=verify)
 
 
-def compress_segment(disk: Disk, src: str, directory: str) -> str:
-    """Write ``src`` as an lz4 frame ``<src>.lz4`` (tmp + fsync + rename), then unlink ``src``."""
-    dst: str = src[: -len(SUFFIX)] + LZ4_SUFFIX
+def compress_segment(disk: Disk, src: str, directory: str, start: int) -> str:
+    """Write ``src`` (the segment starting at ``start``) as an lz4 frame ``<start>.meta.lz4``
+    (tmp + fsync + rename), then unlink ``src``."""
+    dst = segment_path(directory, start, LZ4_SUFFIX)
     tmp = dst + ".tmp"
     with open(src, "rb") as fin, lz4.frame.open(tmp, "wb") as fout:
         while chunk := fin.read(_CHUNK):

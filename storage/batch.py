@@ -33,13 +33,20 @@ import zlib
 from pymetaq.storage.errors import InvalidRecords
 from pymetaq.storage.flags import flag_problem
 from pymetaq.storage.ids import SEQ_LIMIT, IdWorker
-from pymetaq.storage.record import HEADER_SIZE
+from pymetaq.storage.record import (
+    FLAG,
+    HEADER_SIZE,
+    LEN_CRC_FLAG_UNSIGNED,
+    LEN_CRC_UNSIGNED,
+    MASK31,
+    MSG_ID,
+)
 
-_LEN_CRC = struct.Struct(">Ii")  # length unsigned: a negative length becomes huge
-_LEN_CRC_FLAG = struct.Struct(">Ii8xi")
-_FLAG = struct.Struct(">i")
-_ID = struct.Struct(">q")
-_MASK = 0x7FFFFFFF
+_LEN_CRC = LEN_CRC_UNSIGNED  # length unsigned: a negative length becomes huge
+_ID = MSG_ID
+_MASK = MASK31
+_LEN_CRC_FLAG = LEN_CRC_FLAG_UNSIGNED
+_FLAG = FLAG
 MAX_BATCH_RECORDS = SEQ_LIMIT  # ids of one batch are consecutive within one millisecond
 _NO_LIMIT = 1 << 32  # above any unsigned 32-bit length
 _LOW16 = b"".join(x.to_bytes(2, "big") for x in range(1 << 16))
@@ -56,6 +63,7 @@ def _walk(
     end = len(mv)
     unpack = _LEN_CRC_FLAG.unpack_from
     pack = _ID.pack_into
+    read_id = _ID.unpack_from
     crc32 = zlib.crc32
     pos = last = count = 0
     msg_id = first_id or 0
@@ -78,6 +86,8 @@ def _walk(
         if stamp:
             pack(mv, pos + 8, msg_id)
             msg_id += 1
+        elif not read_id(mv, pos + 8)[0]:  # kept ids (replication): 0 is zero-fill, never an id
+            raise InvalidRecords("message id 0 (the broker never assigns 0)", pos)
         last = pos
         pos = stop
         count += 1
@@ -150,8 +160,8 @@ def _check_count(count: int) -> None:
 def count_records(
     buf: bytearray | bytes | memoryview, max_data: int | None = None
 ) -> tuple[int, int]:
-    """Validate framing and every checksum (and each record's data length against
-    ``max_data``); return (record count, last record's msg id)."""
+    """Validate framing, every checksum, each record's data length against ``max_data`` and
+    that no id is 0 (the batch keeps its ids); return (record count, last record's msg id)."""
     if len(buf) == 0:
         raise InvalidRecords("empty batch")
     count, last = _walk(buf, None, max_data)

@@ -34,6 +34,9 @@ class StoreConfig:
     broker_id: int = 0
     max_segment_size: int = 1 << 30
     max_transfer_size: int = 1 << 20
+    #: refuse appends while a data directory's filesystem has less free space (0 = no check;
+    #: the broker's ``[system] minFreeDiskBytes``), see :mod:`pymetaq.storage.space`
+    min_free_disk_bytes: int = 0
 
 
 class RetentionKind(enum.Enum):

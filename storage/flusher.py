@@ -7,6 +7,8 @@ log is completed.  Appends arriving during the fsync wait for the next round and
 
 Threshold-mode logs are also fsynced when their ``unflush_interval_ms`` has elapsed since their
 last sync (MetaQ's FlushRunner), and at once when an append reaches ``unflush_threshold``.
+A sync postponed by a transient shortage (no descriptor for the fsync) is retried after
+``RETRY_S`` (:meth:`retry_later`), so it neither spins nor fails the log.
 
 Thread-safety: :meth:`request` may be called from any thread (one lock + condition); all
 fsyncs happen on the flusher thread.
@@ -22,6 +24,8 @@ from pymetaq.storage.log import PartitionLog
 
 log = logging.getLogger(__name__)
 
+RETRY_S = 0.05
+
 
 class Flusher:
     """One background thread that fsyncs partition logs."""
@@ -30,6 +34,7 @@ class Flusher:
         self._cond = threading.Condition()
         self._pending: dict[PartitionLog, None] = {}
         self._periodic: dict[PartitionLog, None] = {}
+        self._retry: dict[PartitionLog, float] = {}  # log -> monotonic time of the retry
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -45,6 +50,12 @@ class Flusher:
                 self._cond.notify()
             self._pending[plog] = None
 
+    def retry_later(self, plog: PartitionLog) -> None:
+        """Sync ``plog`` again in ``RETRY_S`` (its last sync hit a transient shortage)."""
+        with self._cond:
+            self._retry.setdefault(plog, time.monotonic() + RETRY_S)
+            self._cond.notify()
+
     def watch(self, plog: PartitionLog) -> None:
         """Flush ``plog`` every ``unflush_interval_ms`` (threshold mode)."""
         with self._cond:
@@ -55,6 +66,7 @@ class Flusher:
         with self._cond:
             self._periodic.pop(plog, None)
             self._pending.pop(plog, None)
+            self._retry.pop(plog, None)
 
     def stop(self) -> None:
         with self._cond:
@@ -66,9 +78,13 @@ class Flusher:
 
     def run_once(self, now: float | None = None) -> None:
         """One round: pending logs, then due periodic ones (the thread's body; tests call it)."""
+        now = time.monotonic() if now is None else now
         with self._cond:
             pending, self._pending = self._pending, {}
-        now = time.monotonic() if now is None else now
+            for plog, due in list(self._retry.items()):
+                if due <= now:
+                    del self._retry[plog]
+                    pending[plog] = None
         for plog in pending:
             self._sync(plog, now)
         for plog in self._due(now):
@@ -84,10 +100,11 @@ class Flusher:
     def _next_wait(self, now: float) -> float | None:
         with self._cond:
             logs = list(self._periodic)
-        if not logs:
+            retries = list(self._retry.values())
+        dues = [p.last_sync + p.config.unflush_interval_ms / 1000.0 for p in logs] + retries
+        if not dues:
             return None
-        due: float = min(p.last_sync + p.config.unflush_interval_ms / 1000.0 for p in logs)
-        return max(0.0, due - now)
+        return max(0.0, min(dues) - now)
 
     @staticmethod
     def _sync(plog: PartitionLog, now: float) -> None:

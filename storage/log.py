@@ -10,9 +10,19 @@ segment as ``<next offset>.meta.new`` (a sparse ``ftruncate`` and an ``mmap``: n
 flusher then, in segment order and before it advances ``max_offset`` past them, seals each
 rolled segment (drops the map, trims the file to its written length, fdatasync) and renames
 each new segment to its final name (then fsyncs the directory).  So a ``.meta`` file in the
-middle of a log is always trimmed, and a crash can leave at most ``.meta.new`` files that
-nothing durable depends on (recovery deletes them).  A batch larger than ``max_segment_size``
-gets a segment of its own, sized to fit (the only way a segment exceeds the limit).
+middle of a log is always trimmed.  A crash can leave ``.meta.new`` files; in threshold mode
+they may hold acknowledged messages, so recovery adopts each one that continues the log exactly
+(a process crash loses nothing) and counts what it discards.  A batch larger than
+``max_segment_size`` gets a segment of its own, sized to fit (the only way a segment exceeds
+the limit).
+
+Shortages are not failures: no space for a write (:class:`~pymetaq.storage.errors.DiskFull`,
+space is reserved before anything is stored), no descriptor for a new segment
+(:class:`~pymetaq.storage.errors.ResourceExhausted`) raise from ``append`` with nothing written
+and the log healthy; a sync that cannot get a descriptor is retried by the flusher.  Only a
+failed fdatasync (the kernel may have dropped the dirty pages) fails the log for good.
+The durable end is recorded in the partition's ``highwater`` file before readers can see it
+(:mod:`pymetaq.storage.highwater`), so offsets never go backwards.
 
 Durability (per topic, :class:`~pymetaq.storage.config.TopicStoreConfig`):
 
@@ -43,50 +53,50 @@ snapshot of the segment list and ``pread``/a dup'd descriptor on the durable ran
 from __future__ import annotations
 
 import bisect
-import enum
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from pymetaq.storage.batch import count_records, stamp_batch
 from pymetaq.storage.config import StoreConfig, TopicStoreConfig
-from pymetaq.storage.disk import Disk
-from pymetaq.storage.errors import DurabilityTimeout, LogClosed, LogFailed
+from pymetaq.storage.disk import NO_SPACE, TRANSIENT, Disk, transient_error
+from pymetaq.storage.errors import (
+    DurabilityTimeout,
+    LogClosed,
+    LogFailed,
+    StorageError,
+)
+from pymetaq.storage.highwater import HighWater
 from pymetaq.storage.ids import IdWorker
-from pymetaq.storage.segment import NEW_SUFFIX, FileRegion, Segment, segment_name
+from pymetaq.storage.results import AppendResult, DurableCallback, ReadResult, ReadStatus
+from pymetaq.storage.scan import TailState, tail_crc
+from pymetaq.storage.segment import NEW_SUFFIX, FileRegion, Segment, segment_path
+from pymetaq.storage.space import SpaceGuard
 
 log = logging.getLogger(__name__)
 
-DurableCallback = Callable[["AppendResult", BaseException | None], None]
+#: a rename or directory fsync failing with these is retried (nothing was lost)
+_RETRY_DIR = TRANSIENT | NO_SPACE
+
+
+class _Retry(Exception):
+    """A sync step hit a transient shortage; the cause is the OSError."""
+
+
+def _step(fn: Callable[..., None], *args: str, retry: frozenset[int]) -> None:
+    try:
+        fn(*args)
+    except OSError as e:
+        if e.errno in retry:
+            raise _Retry(str(e)) from e
+        raise
 
 
 class FlushScheduler(Protocol):
     def request(self, plog: PartitionLog) -> None: ...
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    offset: int  # byte position of the first record
-    length: int  # bytes appended
-    count: int  # records appended
-    first_msg_id: int  # ids are first_msg_id, first_msg_id + 1, ... (consecutive)
-
-
-class ReadStatus(enum.Enum):
-    OK = "ok"
-    NO_DATA = "no_data"
-    OUT_OF_RANGE = "out_of_range"
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    status: ReadStatus
-    offset: int  # OK: the start; OUT_OF_RANGE: the nearest valid offset
-    region: FileRegion | None  # OK only
+    def retry_later(self, plog: PartitionLog) -> None: ...
 
 
 class PartitionLog:
@@ -103,10 +113,15 @@ class PartitionLog:
         disk: Disk,
         ids: IdWorker,
         flusher: FlushScheduler,
+        *,
+        high_water: HighWater | None = None,
+        space: SpaceGuard | None = None,
     ) -> None:
         self.topic, self.partition, self.directory = topic, partition, directory
         self.config = config
         self._store, self._disk, self._ids, self._flusher = store, disk, ids, flusher
+        self._high_water = high_water
+        self._space = space
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync at a time (flusher, loop, close)
         self._view: tuple[tuple[Segment, ...], list[int]] = ((), [])
@@ -118,7 +133,9 @@ class PartitionLog:
         self._waiters: list[tuple[AppendResult, DurableCallback]] = []
         self._acked_unflushed = 0  # acknowledged, not yet covered by an fsync (threshold)
         self._flush_asked = False  # threshold mode: an early fsync was requested
-        self._dir_dirty = False
+        self._dir_dirty = False  # a rename whose directory fsync is still owed
+        self._retry_warned = False
+        self.tail_state: TailState | None = None  # set by a clean close (the marker's record)
         self._failed: BaseException | None = None
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
@@ -166,6 +183,8 @@ class PartitionLog:
         n = len(records)
         with self._lock:
             self._check_open()
+            if self._space is not None:
+                self._space.admit(n)
             if stamp_ids:
                 first_id, count = stamp_batch(self._ids, records, max_record_size)
             else:
@@ -178,9 +197,10 @@ class PartitionLog:
             offset = seg.start + seg.written
             try:
                 seg.file.write_at(seg.written, records)
+            except StorageError:  # DiskFull: space is reserved before anything is stored
+                raise
             except BaseException as e:
-                self._failed = e
-                raise LogFailed(f"{self.name}: write failed: {e}") from e
+                raise self._write_failed(e) from e
             seg.written += n
             self.write_offset = offset + n
             self.message_count += count
@@ -229,26 +249,41 @@ class PartitionLog:
         if self._failed is not None:
             raise LogFailed(f"{self.name} failed earlier: {self._failed}") from self._failed
 
+    def _write_failed(self, e: BaseException) -> StorageError:
+        """The error for a failed segment write (lock held): a shortage of descriptors is
+        retriable and leaves the log as it was; any other failure fails the log."""
+        if isinstance(e, OSError):
+            err = transient_error(e, self.name)
+            if err is not None:
+                return err
+        self._failed = e
+        return LogFailed(f"{self.name}: write failed: {e}")
+
     def _roll(self, need: int) -> Segment:
         """Retire the active segment and start one at the write offset (lock held).
 
         Cheap on purpose (this is the broker's event loop): the old segment's seal (trim +
-        fdatasync) and the new one's rename to its final name are left to the flusher."""
+        fdatasync) and the new one's rename to its final name are left to the flusher.  If
+        the new file cannot be created (no descriptors, no inodes) nothing changes."""
         old = self._view[0][-1]
         if old.written == 0:  # an empty active segment too small for an oversize batch
             old.file.grow(need)
             old.capacity = need
             return old
+        capacity = max(self._store.max_segment_size, need)
+        path = segment_path(self.directory, old.end, NEW_SUFFIX)
+        try:
+            file = self._disk.create(path, capacity)
+        except OSError as e:
+            err = transient_error(e, f"{self.name}: creating {path}")
+            if err is None:
+                raise
+            raise err from e
         old.capacity = 0
         old.seal_pending = True
-        segments = list(self._view[0])
-        capacity = max(self._store.max_segment_size, need)
-        final = os.path.join(self.directory, segment_name(old.end))
-        path = final[: -len(".meta")] + NEW_SUFFIX
-        file = self._disk.create(path, capacity)
+        final = segment_path(self.directory, old.end)
         seg = Segment(old.end, file, 0, 0, capacity, path, final_path=final)
-        segments.append(seg)
-        self._set_view(segments)
+        self._set_view([*self._view[0], seg])
         self._flusher.request(self)  # seal the old segment soon, in either mode
         return seg
 
@@ -305,6 +340,12 @@ class PartitionLog:
             flushed = self._acked_unflushed
         try:
             self._finish_segments(work)
+        except _Retry as e:  # nothing is lost: the same work is retried shortly
+            with self._lock:
+                self._waiters[:0] = waiters
+            self._warn_retry(e.__cause__)
+            self._flusher.retry_later(self)
+            return
         except BaseException as e:
             with self._lock:
                 self._failed = e
@@ -312,23 +353,25 @@ class PartitionLog:
             for result, cb in waiters:
                 cb(result, e)
             return
+        if self._high_water is not None:  # before anyone can see the new end
+            self._high_water.write(target)
         with self._lock:
-            for seg, written, sealed, final in work:
-                seg.synced = max(seg.synced, written)
-                if sealed:
-                    seg.seal_pending = False
-                if final is not None:
-                    seg.path, seg.final_path = final, None
             advanced = target > self.max_offset
             if advanced:
                 self.max_offset = target
             self._acked_unflushed -= flushed
             listeners = list(self._listeners)
+        self._retry_warned = False
         for result, cb in waiters:
             cb(result, None)
         if advanced:
             for fn in listeners:
                 fn(target)
+
+    def _warn_retry(self, exc: BaseException | None) -> None:
+        if not self._retry_warned:
+            log.warning("%s: sync postponed (%s); retrying", self.name, exc)
+            self._retry_warned = True
 
     def _unfinished(self) -> tuple[Segment, ...]:
         """The segments with sync work left — unsynced bytes, a pending seal or rename — in
@@ -345,15 +388,32 @@ class PartitionLog:
         return segs[i:]
 
     def _finish_segments(self, work: list[tuple[Segment, int, bool, str | None]]) -> None:
-        """The I/O of :meth:`sync`, segment by segment in log order (flusher thread)."""
+        """The I/O of :meth:`sync`, segment by segment in log order (flusher thread).
+
+        Each step's bookkeeping is recorded as soon as it is done, so a sync interrupted by a
+        transient shortage (``_Retry``: no descriptor for the fsync, no directory block for
+        the rename) resumes where it stopped.  A failed fdatasync is not transient: after it
+        the kernel may have dropped the dirty pages, so the log fails."""
+        if self._dir_dirty:
+            _step(self._disk.sync_dir, self.directory, retry=_RETRY_DIR)
+            self._dir_dirty = False
         for seg, written, seal, final in work:
             if final is not None:  # every segment before this one is sealed by now
-                self._disk.rename(seg.path, final)
-                self._disk.sync_dir(self.directory)
+                _step(self._disk.rename, seg.path, final, retry=_RETRY_DIR)
+                with self._lock:
+                    seg.path, seg.final_path = final, None
+                self._dir_dirty = True
+                _step(self._disk.sync_dir, self.directory, retry=_RETRY_DIR)
+                self._dir_dirty = False
             if seal:
                 seg.file.seal(written)
             if seal or seg.synced < written:
-                seg.file.sync()
+                # only a missing descriptor (the fsync never ran) is retried
+                _step(seg.file.sync, retry=TRANSIENT)
+            with self._lock:
+                seg.synced = max(seg.synced, written)
+                if seal:
+                    seg.seal_pending = False
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
         """``fn(new_max_offset)`` after the durable high-water mark advances (any thread)."""
@@ -365,18 +425,25 @@ class PartitionLog:
     def nearest_offset(self, offset: int) -> int:
         """MetaQ's getNearestOffset: the start of the segment holding ``offset``; the durable
         end (``max_offset``) if ``offset`` is at or beyond it; the first segment's start if
-        ``offset`` is before it."""
-        starts = self._view[1]
+        ``offset`` is before it; the start of the next segment if ``offset`` is in a gap."""
+        segments, starts = self._view
         hw: int = self.max_offset
         if offset >= hw:
             return hw
         if offset < starts[0]:
             return starts[0]
-        start: int = starts[bisect.bisect_right(starts, offset) - 1]
+        i = bisect.bisect_right(starts, offset) - 1
+        if offset >= segments[i].end and i + 1 < len(segments):
+            return starts[i + 1]  # a gap: offsets whose data is gone (see recovery)
+        start: int = starts[i]
         return start
 
     def read(self, offset: int, max_size: int) -> ReadResult:
-        """A region starting at ``offset`` of at most ``max_size`` durable bytes."""
+        """A region starting at ``offset`` of at most ``max_size`` durable bytes.
+
+        ``OUT_OF_RANGE`` carries the nearest offset that holds data: the first offset when
+        ``offset`` is below it, the durable end when beyond it, and the end of the gap when
+        ``offset`` falls in one (offsets handed out before data was lost; see recovery)."""
         if max_size <= 0:
             raise ValueError(f"max_size must be positive, not {max_size}")
         for _ in range(8):  # retry if retention closed the segment under us
@@ -387,7 +454,10 @@ class PartitionLog:
                 return ReadResult(ReadStatus.OUT_OF_RANGE, min(max(offset, lo), hw), None)
             if offset == hw:
                 return ReadResult(ReadStatus.NO_DATA, offset, None)
-            seg = segments[bisect.bisect_right(starts, offset) - 1]
+            i = bisect.bisect_right(starts, offset) - 1
+            seg = segments[i]
+            if offset >= seg.start + seg.written and i + 1 < len(segments):
+                return ReadResult(ReadStatus.OUT_OF_RANGE, starts[i + 1], None)
             end = min(seg.start + seg.written, hw)
             length = min(max_size, self._store.max_transfer_size, end - offset)
             fd = seg.file.dup_fd()
@@ -413,20 +483,33 @@ class PartitionLog:
             return segments[:k]
 
     def close(self) -> None:
-        """Flush, trim the active segment to its written length, close every file."""
+        """Flush, trim the active segment to its written length, close every file.
+
+        Afterwards ``tail_state`` describes the trimmed last segment for the clean-shutdown
+        marker (None if the log failed or could not finish its last sync: scan it next time)."""
         if self._closed:
             return
         if self._failed is None:
             self.sync()
         with self._lock:
             self._closed = True
+            waiters, self._waiters = self._waiters, []
+            if waiters or self._unfinished():  # the last sync was postponed and never ran
+                self._failed = self._failed or LogClosed(f"{self.name}: closed before syncing")
             segments = self._view[0]
             last = segments[-1]
             if last.mutable and self._failed is None:
                 last.file.seal(last.written)
                 last.file.sync()
+                self.tail_state = TailState(
+                    last.start, last.written, tail_crc(last.file, last.written)
+                )
             for seg in segments:
                 seg.file.close()
+            if self._high_water is not None:
+                self._high_water.close()
+        for result, cb in waiters:
+            cb(result, LogClosed(f"{self.name} closed before the write was durable"))
 
     @property
     def name(self) -> str:

@@ -20,13 +20,20 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pymetaq.storage.checksum import checksum
+from pymetaq.storage.checksum import MASK31, checksum
 
 HEADER = struct.Struct(">iiqi")
 HEADER_SIZE = HEADER.size  # 20
 LEN_CRC = struct.Struct(">ii")
+#: the length read unsigned: a negative length becomes huge and fails one bounds check
+LEN_CRC_UNSIGNED = struct.Struct(">Ii")
+#: length (unsigned, as above), CRC and flag of a header in one unpack (the msg id skipped)
+LEN_CRC_FLAG_UNSIGNED = struct.Struct(">Ii8xi")
+FLAG = struct.Struct(">i")
 MSG_ID = struct.Struct(">q")
 ATTR_LEN = struct.Struct(">i")
+#: the all-zero header: the end of a preallocated (zero-filled) segment tail, never a record
+ZERO_HEADER = bytes(HEADER.size)
 
 #: flag bit 0: the data section starts with ``int32 attrLen`` + UTF-8 attribute (MetaQ).
 FLAG_ATTRIBUTE = 0x1
@@ -34,6 +41,28 @@ FLAG_ATTRIBUTE = 0x1
 FLAG_LZ4_BATCH = 0x100
 
 assert HEADER_SIZE == 20
+
+__all__ = [
+    "ATTR_LEN",
+    "FLAG",
+    "FLAG_ATTRIBUTE",
+    "FLAG_LZ4_BATCH",
+    "HEADER",
+    "HEADER_SIZE",
+    "LEN_CRC",
+    "LEN_CRC_FLAG_UNSIGNED",
+    "LEN_CRC_UNSIGNED",
+    "MASK31",
+    "MSG_ID",
+    "ZERO_HEADER",
+    "CorruptRecordError",
+    "Record",
+    "checksum",
+    "decode_data",
+    "encode_data",
+    "encode_record",
+    "iter_records",
+]
 
 
 def encode_data(payload: bytes, attribute: str | None = None) -> tuple[bytes, int]:

@@ -1,22 +1,30 @@
-"""Loading a partition directory and recovering its last segment after an unclean stop.
+"""Opening one partition directory: continuity, crash recovery of the tail, offsets that never
+go backwards.  Every byte it discards is counted in the :class:`RecoveryReport`.
 
 Steps (MetaQ's ``MessageStore`` + ``FileMessageSet.recover``, reported as NATS does):
 
-1. delete leftover ``<20 digits>.meta.new`` files (a segment created by a roll that the flusher
-   had not yet renamed: nothing in it was ever durable); list ``<20 digits>.meta`` files,
-   sorted by start offset;
-2. continuity: every segment but the last must satisfy ``start + file size == next.start``,
-   else :class:`~pymetaq.storage.errors.CorruptLogError` (startup must stop, as in MetaQ);
-3. after a clean shutdown (marker present) the last segment's file length is its written
-   length; otherwise scan it record by record: a complete header, ``length >= 0``, the record
-   inside the file, CRC32 of the data equal to the header's.  An all-zero header is the end of
-   the preallocated zero-filled tail.  Everything from the first incomplete or corrupt record on
-   is cut (zeroed/truncated), so a corrupt record is never served;
-4. the result is a :class:`RecoveryReport`, logged by the manager and asserted by tests.
+1. list ``<start>.meta`` segments, ``<start>.meta.new`` roll segments, accepted ``<start>.gap``
+   holes and the ``highwater`` mark (see :mod:`pymetaq.storage.segment`);
+2. continuity: every segment but the last must end exactly where the next starts, or where an
+   accepted gap ends; a hole or an overlap, or a file that cannot be read, raises
+   :class:`~pymetaq.storage.errors.CorruptLogError` (the manager fences that partition only);
+3. the tail: the last ``.meta`` segment, scanned record by record (header complete,
+   ``length >= 0``, inside the file, CRC32 equal, id not 0; an all-zero header is the end of
+   the preallocated tail) unless the clean-shutdown marker vouches for it *and* its size and
+   trailing bytes match what the marker recorded.  Then each ``.meta.new`` that starts exactly
+   where the scanned log ends is **adopted**: it is a roll the flusher had not finished when the
+   process died (threshold mode acknowledges before the fsync, so it may hold acknowledged
+   messages); the segment before it is trimmed, it is renamed to ``.meta`` and scanned in turn.
+   A ``.meta.new`` that does not continue the log (a power loss tore the segment before it) is
+   deleted and its records and bytes are counted as cut;
+4. everything from the first bad record on is cut (truncated), so a corrupt record is never
+   served;
+5. offsets never go backwards: if the recovered end is below the ``highwater`` mark (the newest
+   segment was deleted, a damaged tail was cut), the log continues at the mark and the hole is
+   recorded as a gap (:mod:`pymetaq.storage.highwater`); the report says so.
 
-``bytes_cut`` counts the discarded bytes up to the last non-zero byte of the file (the zero
-tail of the preallocation is not "cut"); ``records_cut`` counts the records the framing walk
-finds in that discarded range (corrupt, torn or following ones; a torn tail counts as one).
+``bytes_cut`` counts discarded bytes up to the last non-zero byte of each file (the zero tail of
+a preallocation is not "cut"); ``records_cut`` counts the records the framing walk finds there.
 
 Thread-safety: runs before the log is shared; no locking.
 """
@@ -26,21 +34,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import struct
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from pymetaq.storage.disk import Disk, SegmentFile
+from pymetaq.storage.disk import Disk, transient_error
 from pymetaq.storage.errors import CorruptLogError
-from pymetaq.storage.record import HEADER_SIZE
-from pymetaq.storage.segment import NEW_SUFFIX, Segment, parse_segment_name, segment_name
+from pymetaq.storage.highwater import read_gaps, read_high_water, write_gap
+from pymetaq.storage.scan import ScanResult, TailState, scan_segment, tail_crc
+from pymetaq.storage.segment import (
+    GAP_SUFFIX,
+    NEW_SUFFIX,
+    SUFFIX,
+    Segment,
+    parse_segment_name,
+    segment_name,
+    segment_path,
+)
 
 log = logging.getLogger(__name__)
-
-_HEADER = struct.Struct(">iiqi")
-_ZERO_HEADER = bytes(HEADER_SIZE)
-_CHUNK = 4 << 20
-_MASK = 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -50,124 +60,73 @@ class RecoveryReport:
     topic: str
     partition: int
     directory: str
-    clean: bool  # the clean-shutdown marker was present: no scan
-    segments: int
-    min_offset: int
-    max_offset: int
-    records_scanned: int  # records validated in the last segment (0 when clean)
-    bytes_scanned: int
-    records_cut: int
-    bytes_cut: int
-    truncated_at: int | None  # absolute offset of the cut, None if nothing was cut
-    last_msg_id: int  # highest id seen in the scanned segment (0 if unknown/empty)
+    clean: bool = False  # the clean-shutdown marker vouched for this partition: no scan
+    segments: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+    records_scanned: int = 0  # records validated in the tail (0 when clean)
+    bytes_scanned: int = 0
+    records_cut: int = 0  # records discarded (torn/corrupt tails, .meta.new not continuing)
+    bytes_cut: int = 0
+    truncated_at: int | None = None  # absolute offset of the first cut, None if nothing cut
+    last_msg_id: int = 0  # highest id seen in the scanned segments (0 if unknown/empty)
+    adopted: int = 0  # .meta.new roll segments adopted (they continued the log exactly)
+    gap: tuple[int, int] | None = None  # [end, high-water): handed-out offsets whose data is gone
+    fenced: str | None = None  # why the partition is fenced (damaged); then nothing was opened
+    notes: tuple[str, ...] = ()
+
+    @property
+    def lost_data(self) -> bool:
+        """Something that had been written is gone (cut, missing or unreadable)."""
+        return bool(self.records_cut or self.bytes_cut or self.gap or self.fenced)
 
 
-@dataclass(frozen=True)
-class ScanResult:
-    valid_end: int  # relative to the segment start
-    records: int
-    last_msg_id: int
-    records_cut: int
-    bytes_cut: int
+@dataclass
+class _Listing:
+    metas: list[tuple[int, str]]
+    news: list[tuple[int, str]]
+    gaps: dict[int, int]
+    high_water: int | None
+    notes: list[str] = field(default_factory=list)
 
 
-class _Window:
-    """Sequential chunked reads of a segment file with lookups by absolute position."""
-
-    def __init__(self, file: SegmentFile, size: int) -> None:
-        self.file, self.size = file, size
-        self.base, self.buf = 0, b""
-
-    def get(self, pos: int, n: int) -> bytes:
-        if pos < self.base or pos + n > self.base + len(self.buf):
-            want = max(n, _CHUNK)
-            self.base = pos
-            self.buf = self.file.read_at(pos, min(want, self.size - pos))
-        off = pos - self.base
-        return self.buf[off : off + n]
-
-
-def scan_segment(file: SegmentFile, size: int) -> ScanResult:
-    """Validate the records of one segment file of ``size`` bytes; find its valid end."""
-    win = _Window(file, size)
-    pos = records = 0
-    last_id = 0
-    crc32 = zlib.crc32
-    while pos + HEADER_SIZE <= size:
-        header = win.get(pos, HEADER_SIZE)
-        if header == _ZERO_HEADER:
-            break
-        length, crc, msg_id, _flag = _HEADER.unpack(header)
-        stop = pos + HEADER_SIZE + length
-        if length < 0 or stop > size:
-            break
-        if crc32(win.get(pos + HEADER_SIZE, length)) & _MASK != crc:
-            break
-        records += 1
-        last_id = msg_id
-        pos = stop
-    garbage_end = _last_nonzero_end(file, pos, size)
-    return ScanResult(pos, records, last_id, _count_cut(win, pos, garbage_end), garbage_end - pos)
-
-
-def _last_nonzero_end(file: SegmentFile, lo: int, size: int) -> int:
-    """One past the last non-zero byte in ``[lo, size)`` (``lo`` if all zero)."""
-    end = _data_end(file, lo, size)
-    while end > lo:
-        start = max(lo, end - _CHUNK)
-        chunk = file.read_at(start, end - start).rstrip(b"\0")
-        if chunk:
-            return start + len(chunk)
-        end = start
-    return lo
-
-
-def _data_end(file: SegmentFile, lo: int, size: int) -> int:
-    """End of the last allocated extent at or after ``lo`` (SEEK_DATA/SEEK_HOLE), or ``size``."""
-    fd = file.dup_fd()
-    if fd is None:
-        return size
-    try:
-        end, pos = lo, lo
-        while pos < size:
-            try:
-                data = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError:  # ENXIO: no data after pos
-                break
-            hole = os.lseek(fd, data, os.SEEK_HOLE)
-            end, pos = min(hole, size), hole
-        return end
-    except OSError:
-        return size
-    finally:
-        os.close(fd)
-
-
-def _count_cut(win: _Window, pos: int, end: int) -> int:
-    count = 0
-    while pos < end:
-        count += 1
-        if pos + HEADER_SIZE > end:
-            break
-        header = win.get(pos, HEADER_SIZE)
-        if header == _ZERO_HEADER:
-            break
-        length = _HEADER.unpack(header)[0]
-        if length < 0:
-            break
-        pos += HEADER_SIZE + length
-    return count
-
-
-def list_segments(directory: str) -> list[tuple[int, str]]:
-    """``(start, path)`` of every segment file in ``directory``, sorted by start."""
+def list_segments(directory: str, suffix: str = SUFFIX) -> list[tuple[int, str]]:
+    """``(start, path)`` of every ``suffix`` file in ``directory``, sorted by start."""
     found = []
     for name in os.listdir(directory):
-        start = parse_segment_name(name)
+        start = parse_segment_name(name, suffix)
         if start is not None:
             found.append((start, os.path.join(directory, name)))
     found.sort()
     return found
+
+
+def list_partition(directory: str) -> _Listing:
+    gaps, notes = read_gaps(directory)
+    high_water, note = read_high_water(directory)
+    listing = _Listing(
+        list_segments(directory), list_segments(directory, NEW_SUFFIX), gaps, high_water, notes
+    )
+    if note:
+        listing.notes.append(note)
+    return listing
+
+
+def check_continuity(
+    sized: list[tuple[int, int]], next_start: int, gaps: dict[int, int], directory: str
+) -> None:
+    """Each ``(start, size)`` must end where the next segment starts (or an accepted gap ends
+    there); else :class:`CorruptLogError` naming the hole or the overlap."""
+    starts = [*(s for s, _ in sized[1:]), next_start]
+    for (start, size), nxt in zip(sized, starts):
+        end = start + size
+        if end == nxt or gaps.get(end) == nxt:
+            continue
+        what = f"a hole of {nxt - end} bytes" if end < nxt else f"{end - nxt} overlapping bytes"
+        raise CorruptLogError(
+            f"{directory}: segment {segment_name(start)} ({size} bytes) ends at {end} but the "
+            f"next segment starts at {nxt} ({what}); run `pymetaq check` / `pymetaq repair`"
+        )
 
 
 def open_segments(
@@ -177,123 +136,277 @@ def open_segments(
     partition: int,
     *,
     max_segment_size: int,
-    clean: bool,
+    marker: TailState | None = None,
     initial_offset: int = 0,
+    create: bool = True,
+) -> tuple[list[Segment], RecoveryReport] | None:
+    """Open (and if needed create or recover) the segments of one partition directory.
+
+    ``marker``: the clean-shutdown marker's record of this partition (None: scan the tail).
+    ``create=False``: return None instead of creating a first segment in an empty directory.
+    """
+    try:
+        listing = list_partition(directory)
+        if not listing.metas and not listing.news:
+            if not create:
+                return None
+            return _create_first(disk, directory, topic, partition, max_segment_size, listing)
+        return _open_existing(disk, directory, topic, partition, max_segment_size, marker, listing)
+    except OSError as e:
+        err = transient_error(e, directory)
+        if err is not None:
+            raise err from e
+        raise CorruptLogError(f"{directory}: cannot read the partition's files: {e}") from e
+
+
+def _create_first(
+    disk: Disk, directory: str, topic: str, partition: int, capacity: int, listing: _Listing
 ) -> tuple[list[Segment], RecoveryReport]:
-    """Open (and if needed create or recover) the segments of one partition directory."""
-    _remove_unfinished(disk, directory)
-    found = list_segments(directory)
-    if not found:
-        path = os.path.join(directory, segment_name(initial_offset))
-        file = disk.create(path, max_segment_size)
-        disk.sync_dir(directory)
-        seg = Segment(initial_offset, file, 0, 0, max_segment_size, path)
-        report = RecoveryReport(
-            topic,
-            partition,
-            directory,
-            clean,
-            1,
-            initial_offset,
-            initial_offset,
-            0,
-            0,
-            0,
-            0,
-            None,
-            0,
-        )
-        return [seg], report
-    segments: list[Segment] = []
-    try:
-        for start, path in found[:-1]:
-            file = disk.open(path, writable=False)
-            size = file.size()
-            segments.append(Segment(start, file, size, size, 0, path))
-        _check_continuity([(s.start, s.written) for s in segments], found[-1][0], directory)
-        last, report = _recover_last(
-            disk, found[-1], topic, partition, directory, max_segment_size, clean
-        )
-    except BaseException:
-        for s in segments:
-            s.file.close()
-        raise
-    segments.append(last)
-    last_id = report.last_msg_id
-    if not clean and report.records_scanned == 0 and len(segments) > 1:
-        prev = segments[-2]  # crashed right after a roll: the newest id is in the previous one
-        last_id = scan_segment(prev.file, prev.written).last_msg_id
-    report = dataclasses.replace(
-        report, segments=len(segments), min_offset=segments[0].start, last_msg_id=last_id
-    )
-    return segments, report
-
-
-def _remove_unfinished(disk: Disk, directory: str) -> None:
-    """Delete ``.meta.new`` files: rolls whose new segment was never renamed (never durable)."""
-    leftovers = [
-        n
-        for n in os.listdir(directory)
-        if n.endswith(NEW_SUFFIX) and parse_segment_name(n[: -len(".new")]) is not None
-    ]
-    for name in leftovers:
-        log.warning("%s: deleting %s, a segment from an unfinished roll", directory, name)
-        disk.unlink(os.path.join(directory, name))
-    if leftovers:
-        disk.sync_dir(directory)
-
-
-def _check_continuity(sized: list[tuple[int, int]], last_start: int, directory: str) -> None:
-    starts = [*(s for s, _ in sized), last_start]
-    for (start, size), nxt in zip(sized, starts[1:]):
-        if start + size != nxt:
-            raise CorruptLogError(
-                f"{directory}: segment {segment_name(start)} ({size} bytes) ends at "
-                f"{start + size} but the next segment starts at {nxt}; refusing to open "
-                "(move the damaged files away or restore them)"
-            )
-
-
-def _recover_last(
-    disk: Disk,
-    found: tuple[int, str],
-    topic: str,
-    partition: int,
-    directory: str,
-    max_segment_size: int,
-    clean: bool,
-) -> tuple[Segment, RecoveryReport]:
-    start, path = found
-    probe = disk.open(path, writable=False)
-    try:
-        size = probe.size()
-        scan = ScanResult(size, 0, 0, 0, 0) if clean and size > 0 else scan_segment(probe, size)
-    finally:
-        probe.close()
-    capacity = max(max_segment_size, scan.valid_end)
-    file = disk.open(path, writable=True, capacity=0)
-    try:
-        if scan.valid_end < size:
-            file.truncate(scan.valid_end)
-            file.sync()
-    finally:
-        file.close()
-    file = disk.open(path, writable=True, capacity=capacity)
-    seg = Segment(start, file, scan.valid_end, scan.valid_end, capacity, path)
-    cut = scan.bytes_cut > 0 or scan.records_cut > 0
+    start = listing.high_water or 0
+    notes = list(listing.notes)
+    if start:
+        notes.append(f"no segment files; offsets up to {start} were used: continuing there")
+    path = segment_path(directory, start)
+    file = disk.create(path, capacity)
+    disk.sync_dir(directory)
+    seg = Segment(start, file, 0, 0, capacity, path)
     report = RecoveryReport(
         topic,
         partition,
         directory,
-        clean,
-        1,
-        start,
-        seg.end,
-        scan.records,
-        scan.valid_end,
-        scan.records_cut,
-        scan.bytes_cut,
-        start + scan.valid_end if cut else None,
-        scan.last_msg_id,
+        segments=1,
+        min_offset=start,
+        max_offset=start,
+        notes=tuple(notes),
     )
-    return seg, report
+    return [seg], report
+
+
+def _open_existing(
+    disk: Disk,
+    directory: str,
+    topic: str,
+    partition: int,
+    capacity: int,
+    marker: TailState | None,
+    listing: _Listing,
+) -> tuple[list[Segment], RecoveryReport]:
+    metas = listing.metas
+    if not metas:  # only roll segments: the first one is where the log starts
+        start, path = listing.news.pop(0)
+        disk.rename(path, segment_path(directory, start))
+        metas = [(start, segment_path(directory, start))]
+        listing.notes.append(f"no .meta segment: adopted {segment_name(start, NEW_SUFFIX)}")
+    for start in [s for s, end in listing.gaps.items() if end <= metas[0][0]]:
+        disk.unlink(segment_path(directory, start, GAP_SUFFIX))  # retention removed its data
+        del listing.gaps[start]
+    segments: list[Segment] = []
+    try:
+        for start, path in metas[:-1]:
+            file = disk.open(path, writable=False)
+            size = file.size()
+            segments.append(Segment(start, file, size, size, 0, path))
+        sized = [(s.start, s.written) for s in segments]
+        check_continuity(sized, metas[-1][0], listing.gaps, directory)
+        tail = _Tail(disk, directory, capacity, listing)
+        report = tail.recover(metas[-1], marker if not listing.news else None)
+        segments += tail.segments
+        report = _apply_floor(disk, directory, capacity, segments, listing, report)
+    except BaseException:
+        for s in segments:
+            s.file.close()
+        raise
+    last_id = report.last_msg_id
+    if not last_id and len(segments) > 1:  # the newest id is in an earlier segment
+        prev = next((s for s in reversed(segments[:-1]) if s.written), None)
+        if prev is not None:
+            last_id = scan_segment(prev.file, prev.written).last_msg_id
+    report = dataclasses.replace(
+        report,
+        topic=topic,
+        partition=partition,
+        segments=len(segments),
+        min_offset=segments[0].start,
+        max_offset=segments[-1].end,
+        last_msg_id=last_id,
+        notes=tuple(listing.notes),
+    )
+    return segments, report
+
+
+class _Tail:
+    """Recovers the tail: the last ``.meta`` segment and the roll segments that continue it."""
+
+    def __init__(self, disk: Disk, directory: str, capacity: int, listing: _Listing) -> None:
+        self.disk, self.directory, self.capacity = disk, directory, capacity
+        self.listing = listing
+        self.segments: list[Segment] = []
+        self.cut_records = self.cut_bytes = self.scanned = self.scanned_bytes = 0
+        self.truncated_at: int | None = None
+
+    def _scan(
+        self, path: str, start: int, marker: TailState | None
+    ) -> tuple[int, ScanResult, bool]:
+        probe = self.disk.open(path, writable=False)
+        try:
+            size = probe.size()
+            if (
+                marker is not None
+                and (marker.start, marker.size) == (start, size)
+                and (size == 0 or tail_crc(probe, size) == marker.crc)
+            ):
+                return size, ScanResult(size, 0, 0, 0, 0), True
+            if marker is not None:
+                self.listing.notes.append(
+                    f"the clean-shutdown marker does not match {segment_name(start)} "
+                    f"(recorded {marker.size} bytes at {marker.start}, found {size}): scanned"
+                )
+            return size, scan_segment(probe, size), False
+        finally:
+            probe.close()
+
+    def _count(self, start: int, scan: ScanResult) -> None:
+        self.scanned += scan.records
+        self.scanned_bytes += scan.valid_end
+        if scan.bytes_cut or scan.records_cut:
+            self.cut_records += scan.records_cut
+            self.cut_bytes += scan.bytes_cut
+            at = start + scan.valid_end
+            self.truncated_at = at if self.truncated_at is None else min(self.truncated_at, at)
+            reason = f" ({scan.reason})" if scan.reason else ""
+            self.listing.notes.append(
+                f"cut {scan.bytes_cut} bytes ({scan.records_cut} records) at {at}{reason}"
+            )
+
+    def recover(self, base: tuple[int, str], marker: TailState | None) -> RecoveryReport:
+        start, path = base
+        size, scan, clean = self._scan(path, start, marker)
+        self._count(start, scan)
+        chain: list[tuple[int, str, int, ScanResult]] = [(start, path, size, scan)]
+        last_id = scan.last_msg_id
+        adopted = 0
+        news = [n for n in self.listing.news if n[0] > start]
+        self._discard([n for n in self.listing.news if n[0] <= start], "starts inside the log")
+        for i, (nstart, npath) in enumerate(news):
+            cstart, _, _, cscan = chain[-1]
+            if nstart != cstart + cscan.valid_end:
+                self._discard(
+                    news[i:], f"does not continue the log (it ends at {cstart + cscan.valid_end})"
+                )
+                break
+            nsize, nscan, _ = self._scan(npath, nstart, None)
+            self._count(nstart, nscan)
+            chain.append((nstart, npath, nsize, nscan))
+            last_id = nscan.last_msg_id or last_id
+            adopted += 1
+            self.listing.notes.append(
+                f"adopted {segment_name(nstart, NEW_SUFFIX)} (a roll the crash interrupted)"
+            )
+        self._finish(chain)
+        end = self.segments[-1].end
+        return RecoveryReport(
+            "",
+            0,
+            self.directory,
+            clean=clean,
+            max_offset=end,
+            records_scanned=self.scanned,
+            bytes_scanned=self.scanned_bytes,
+            records_cut=self.cut_records,
+            bytes_cut=self.cut_bytes,
+            truncated_at=self.truncated_at,
+            last_msg_id=last_id,
+            adopted=adopted,
+        )
+
+    def _discard(self, news: list[tuple[int, str]], why: str) -> None:
+        for nstart, npath in news:
+            _, scan, _ = self._scan(npath, nstart, None)
+            records, nbytes = scan.records + scan.records_cut, scan.valid_end + scan.bytes_cut
+            self.cut_records += records
+            self.cut_bytes += nbytes
+            if nbytes:
+                at = nstart
+                self.truncated_at = at if self.truncated_at is None else min(self.truncated_at, at)
+            self.listing.notes.append(
+                f"deleted {segment_name(nstart, NEW_SUFFIX)}: {why}; {records} records, "
+                f"{nbytes} bytes discarded"
+            )
+            log.warning("%s: deleting %s: %s", self.directory, os.path.basename(npath), why)
+            self.disk.unlink(npath)
+        if news:
+            self.disk.sync_dir(self.directory)
+
+    def _finish(self, chain: list[tuple[int, str, int, ScanResult]]) -> None:
+        """Trim every chain segment to its valid end (in order, each durable before the next
+        is renamed), rename adopted ones to ``.meta``, open the last one for appends."""
+        for k, (start, path, size, scan) in enumerate(chain):
+            final = segment_path(self.directory, start)
+            if path != final:  # an adopted roll segment: its predecessor is trimmed by now
+                self.disk.rename(path, final)
+                self.disk.sync_dir(self.directory)
+            valid = scan.valid_end
+            if valid < size:
+                file = self.disk.open(final, writable=True, capacity=0)
+                try:
+                    file.truncate(valid)
+                    file.sync()
+                finally:
+                    file.close()
+            if k < len(chain) - 1:
+                file = self.disk.open(final, writable=False)
+                self.segments.append(Segment(start, file, valid, valid, 0, final))
+                continue
+            cap = max(self.capacity, valid)
+            file = self.disk.open(final, writable=True, capacity=cap)
+            self.segments.append(Segment(start, file, valid, valid, cap, final))
+
+
+def _apply_floor(
+    disk: Disk,
+    directory: str,
+    capacity: int,
+    segments: list[Segment],
+    listing: _Listing,
+    report: RecoveryReport,
+) -> RecoveryReport:
+    """If the log ends below its high-water mark, continue at the mark (offsets never go
+    backwards): seal the old last segment (or drop it if empty), record the gap, start a new
+    segment at the mark."""
+    floor = listing.high_water
+    end = segments[-1].end
+    if floor is None or end >= floor:
+        return report
+    last = segments[-1]
+    if last.written == 0:
+        last.file.close()
+        disk.unlink(last.path)
+        segments.pop()
+    else:
+        last.file.seal(last.written)
+        last.file.sync()
+        last.capacity = 0
+    gap_start = segments[-1].end if segments else floor
+    if gap_start < floor:
+        write_gap(directory, gap_start, floor)
+    path = segment_path(directory, floor)
+    segments.append(Segment(floor, disk.create(path, capacity), 0, 0, capacity, path))
+    disk.sync_dir(directory)
+    msg = (
+        f"the log ends at {end} but offsets up to {floor} were handed out (data deleted or "
+        f"cut): continuing at {floor}; readers in [{end}, {floor}) are moved to {floor}"
+    )
+    listing.notes.append(msg)
+    log.warning("%s: %s", directory, msg)
+    return dataclasses.replace(report, gap=(end, floor))
+
+
+__all__ = [
+    "RecoveryReport",
+    "TailState",
+    "check_continuity",
+    "list_partition",
+    "list_segments",
+    "open_segments",
+    "scan_segment",
+]

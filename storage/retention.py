@@ -24,7 +24,7 @@ from pymetaq.storage.archive import compress_segment
 from pymetaq.storage.config import DeletePolicy, RetentionKind, parse_delete_policy
 from pymetaq.storage.disk import Disk
 from pymetaq.storage.log import PartitionLog
-from pymetaq.storage.segment import ARCHIVE_SUFFIX, SUFFIX, Segment
+from pymetaq.storage.segment import ARCHIVE_SUFFIX, Segment, segment_path
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,9 @@ def _act(plog: PartitionLog, seg: Segment, policy: DeletePolicy, disk: Disk) -> 
         disk.sync_dir(plog.directory)
         return RetentionAction(*base, RetentionActionKind.DELETED, seg.path)
     if policy.compress:
-        dst = compress_segment(disk, seg.path, plog.directory)
+        dst = compress_segment(disk, seg.path, plog.directory, seg.start)
         return RetentionAction(*base, RetentionActionKind.COMPRESSED, dst)
-    dst = seg.path[: -len(SUFFIX)] + ARCHIVE_SUFFIX
+    dst = segment_path(plog.directory, seg.start, ARCHIVE_SUFFIX)
     disk.rename(seg.path, dst)
     disk.sync_dir(plog.directory)
     return RetentionAction(*base, RetentionActionKind.ARCHIVED, dst)

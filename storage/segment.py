@@ -1,16 +1,26 @@
-"""Segment naming, the in-memory segment record, and :class:`FileRegion`.
+"""Partition-directory file naming (the one place names are built and parsed), the in-memory
+segment record, and :class:`FileRegion`.
 
-A partition directory ``<dataPath>/<topic>-<partition>/`` holds segment files named by the
-20-digit zero-padded byte offset of their first record plus ``.meta`` (MetaQ's naming).
-Archived segments keep the name and add ``.arc`` (renamed) or ``.lz4`` (lz4 frame).
-A segment created by a roll is first written as ``<name>.meta.new`` and renamed to its final
-name by the flusher once every segment before it is sealed (trimmed and fdatasync'd), so a
-``.meta`` file in the middle of a log is always trimmed; recovery deletes leftover ``.new``
-files (nothing in them was ever made durable, see :mod:`pymetaq.storage.log`).
+A partition directory ``<dataPath>/<topic>-<partition>/`` holds:
 
-Thread-safety: :class:`Segment` fields ``written``/``synced`` are mutated under the owning
-partition's lock and read racily (ints, atomic in CPython); :class:`FileRegion` owns a private
-descriptor and is used by one thread.
+| file                         | what                                                          |
+|------------------------------|---------------------------------------------------------------|
+| ``<start>.meta``             | a segment: records from byte offset ``start`` (20+ digits,    |
+|                              | zero-padded, MetaQ's naming)                                  |
+| ``<start>.meta.new``         | a segment created by a roll, not yet renamed by the flusher   |
+| ``<start>.meta.arc``/``.lz4``| an archived segment (retention ``archive,N[,true]``)          |
+| ``<start>.gap``              | an accepted hole in the offsets: ``[start, end)`` holds no    |
+|                              | data (text: ``end``); see :mod:`pymetaq.storage.recovery`     |
+| ``highwater``                | the durable end ever reached (offsets never go backwards)     |
+| ``<name>.damaged-<n>``       | a file ``pymetaq repair`` moved aside (never read again)      |
+
+A ``.meta.new`` is renamed to its final name once every segment before it is sealed (trimmed
+and fdatasync'd), so a ``.meta`` file in the middle of a log is always trimmed; recovery adopts
+a ``.meta.new`` that continues the log exactly and discards (and counts) any other.
+
+Thread-safety: naming functions are pure; :class:`Segment` fields ``written``/``synced`` are
+mutated under the owning partition's lock and read racily (ints, atomic in CPython);
+:class:`FileRegion` owns a private descriptor and is used by one thread.
 """
 
 from __future__ import annotations
@@ -26,18 +36,35 @@ SUFFIX = ".meta"
 NEW_SUFFIX = ".meta.new"
 ARCHIVE_SUFFIX = ".meta.arc"
 LZ4_SUFFIX = ".meta.lz4"
-_NAME = re.compile(r"^(\d{20,})\.meta$")
+GAP_SUFFIX = ".gap"
+HIGH_WATER_FILE = "highwater"
+DAMAGED_INFIX = ".damaged-"
+_NAME = re.compile(r"^(\d{20,})(\.meta(?:\.new|\.arc|\.lz4)?|\.gap)$")
 
 
-def segment_name(start: int) -> str:
-    """``00000000000000001024.meta`` for a segment starting at byte 1024."""
-    return f"{start:020d}{SUFFIX}"
+def segment_name(start: int, suffix: str = SUFFIX) -> str:
+    """``00000000000000001024.meta`` for a segment starting at byte 1024 (or another suffix:
+    ``.meta.new``, ``.meta.arc``, ``.meta.lz4``, ``.gap``)."""
+    return f"{start:020d}{suffix}"
 
 
-def parse_segment_name(name: str) -> int | None:
-    """The start offset of a segment file name, or None if it is not one."""
+def segment_path(directory: str, start: int, suffix: str = SUFFIX) -> str:
+    """The path of the ``suffix`` file starting at ``start`` in a partition directory."""
+    return os.path.join(directory, segment_name(start, suffix))
+
+
+def parse_segment_name(name: str, suffix: str = SUFFIX) -> int | None:
+    """The start offset of a ``<digits><suffix>`` file name, or None if it is not one."""
     m = _NAME.match(name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and m.group(2) == suffix else None
+
+
+def aside_path(path: str) -> str:
+    """A free ``<path>.damaged-<n>`` name to move a damaged file to (``pymetaq repair``)."""
+    n = 1
+    while os.path.lexists(f"{path}{DAMAGED_INFIX}{n}"):
+        n += 1
+    return f"{path}{DAMAGED_INFIX}{n}"
 
 
 def partition_dir_name(topic: str, partition: int) -> str:

@@ -1,10 +1,12 @@
-"""Crash loop: SIGKILL a group-commit broker mid-stream; every acknowledged message survives.
+"""Crash loop: SIGKILL a broker mid-stream; every acknowledged message survives, in both modes.
 
 Each round pipelines puts and batch puts over a raw socket (several hundred in flight), kills
 the broker with SIGKILL after a seeded random number of acknowledgements, restarts it on the
 same data and fetches every partition: each acknowledged record must be at its acknowledged
-offset with its id and bytes intact.  (SIGKILL tests a process crash: the kernel keeps the
-written pages; power loss is storage's fault-injection suite.)
+offset with its id and bytes intact.  Segments are 16 KiB, so every round rolls several times;
+group commit and threshold mode (acknowledged before the fsync) both run.  (SIGKILL tests a
+process crash: the kernel keeps the written pages; power loss is storage's fault-injection
+suite.)  The default run keeps a few rounds per mode; the ``slow`` variant runs many.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from tests.server._wire import Wire, bput_frame, put_line, wait_for
 
 PARTITIONS = 2
 WINDOW = 300
+SEGMENT = 16384
+MODES = {"group_commit": 0, "threshold": 1000}
 
 
 class Producer(threading.Thread):
@@ -116,16 +120,19 @@ def fetch_all(broker: BrokerProcess, partition: int) -> dict[int, tuple[int, byt
             offset = records[-1].offset + records[-1].size
 
 
-@pytest.mark.crash
-def test_sigkill_loses_no_acknowledged_message(tmp_path: Path, seed: int) -> None:
+def crash_loop(tmp_path: Path, seed: int, threshold: int, rounds: int) -> tuple[int, int]:
+    """(acknowledged, lost) over ``rounds`` kill/restart rounds."""
     rng = random.Random(seed)
-    broker = BrokerProcess.start(tmp_path, topics={"crash": {"numPartitions": PARTITIONS}})
+    system = {"unflushThreshold": threshold, "maxSegmentSize": SEGMENT}
+    topics = {"crash": {"numPartitions": PARTITIONS}}
+    broker = BrokerProcess.start(tmp_path, topics=topics, system=system)
     all_acked: list[tuple[int, int, int, bytes]] = []
+    lost: set[tuple[int, int]] = set()
     with broker:
-        for round_no in range(6):
+        for round_no in range(rounds):
             producer = Producer(broker.address, rng, round_no)
             producer.start()
-            target = rng.randrange(1, 3000)
+            target = rng.randrange(400, 3000)  # >= 400 records of ~150 bytes: rolls every round
             wait_for(
                 lambda p=producer, t=target: p.count() >= t or p.errors,
                 timeout=120,
@@ -140,7 +147,23 @@ def test_sigkill_loses_no_acknowledged_message(tmp_path: Path, seed: int) -> Non
             broker.launch()
             stored = {p: fetch_all(broker, p) for p in range(PARTITIONS)}
             for partition, offset, msg_id, payload in all_acked:
-                assert stored[partition].get(offset) == (msg_id, payload), (
-                    f"round {round_no}: acknowledged record at {partition}/{offset} lost"
-                )
-        assert len(all_acked) >= 4
+                if stored[partition].get(offset) != (msg_id, payload):
+                    lost.add((partition, offset))
+    return len(all_acked), len(lost)
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("mode", list(MODES))
+def test_sigkill_loses_no_acknowledged_message(tmp_path: Path, seed: int, mode: str) -> None:
+    acked, lost = crash_loop(tmp_path, seed, MODES[mode], rounds=5)
+    print(f"[crash] broker {mode}: 5 rounds, {acked} acknowledged, {lost} lost")
+    assert acked >= 5 * 400 and lost == 0
+
+
+@pytest.mark.slow
+@pytest.mark.crash
+@pytest.mark.parametrize("mode", list(MODES))
+def test_sigkill_loop_many_rounds(tmp_path: Path, seed: int, mode: str) -> None:
+    acked, lost = crash_loop(tmp_path, seed, MODES[mode], rounds=25)
+    print(f"[crash] broker {mode}: 25 rounds, {acked} acknowledged, {lost} lost")
+    assert lost == 0

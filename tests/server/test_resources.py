@@ -55,8 +55,9 @@ def attack(tmp_path: Path, name: str, how: Attack, **system: Any) -> AttackRepor
 def test_pattern_topic_puts_cannot_exhaust_descriptors(tmp_path: Path) -> None:
     report = attack(tmp_path, "pattern_topics", pattern_topics(1000))
     assert report.outcome == {"200": 100, "500": 900}, report.outcome
-    # an active partition holds its segment's descriptor and the map's: ~2 each
-    assert report.fds_peak - report.fds_base <= 2 * 100 + 30, report
+    # an active partition holds its segment's descriptor, the map's and its high-water file's
+    # (storage.highwater): 3 each, bounded by the 100 partitions the cap lets in
+    assert report.fds_peak - report.fds_base <= 3 * 100 + 30, report
 
 
 def test_pipelined_gets_hold_no_descriptor_each(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
-"""Child process of test_crash: appends in group-commit mode and reports every ack.
+"""Child process of test_crash: appends to one partition and reports every ack.
 
-argv: data_path seed.  Each acknowledged batch is printed as one line
+argv: ``data_path seed [threshold [segment_bytes]]`` (threshold 0 = group commit, the default;
+N > 0 = MetaQ's threshold mode, acked at once; segments of 8192 bytes by default, so almost
+every batch of a round lands near a roll).  Each acknowledged batch is printed as one line
 ``<offset> <count> <batch_index>`` and flushed; the payloads of batch ``b`` are derived from
 (seed, b) so the parent can recompute them.
 """
@@ -23,8 +25,10 @@ def payloads(seed: int, b: int) -> list[bytes]:
 
 def main() -> None:
     path, seed = sys.argv[1], int(sys.argv[2])
-    cfg = TopicStoreConfig(unflush_threshold=0)
-    m = MessageStoreManager(StoreConfig(path, max_segment_size=8192), lambda t: cfg)
+    threshold = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    segment = int(sys.argv[4]) if len(sys.argv) > 4 else 8192
+    cfg = TopicStoreConfig(unflush_threshold=threshold, unflush_interval_ms=10_000)
+    m = MessageStoreManager(StoreConfig(path, max_segment_size=segment), lambda t: cfg)
     m.open()
     m.start()
     plog = m.get_log("t", 0)

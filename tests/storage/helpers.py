@@ -33,7 +33,8 @@ def settle(plog: PartitionLog) -> None:
 def read_all(
     plog: PartitionLog, start: int | None = None, chunk: int = 4096, *, wait: bool = True
 ) -> list[Record]:
-    """Every durable record from ``start`` (default min_offset) to max_offset, via read()."""
+    """Every durable record from ``start`` (default min_offset) to max_offset, via read()
+    (following a gap's out-of-range answer forward, as a consumer follows a 301)."""
     if wait:
         settle(plog)
     pos = plog.min_offset if start is None else start
@@ -42,6 +43,9 @@ def read_all(
         res = plog.read(pos, chunk)
         if res.status is ReadStatus.NO_DATA:
             return out
+        if res.status is ReadStatus.OUT_OF_RANGE and res.offset > pos:  # a gap: move on (301)
+            pos = res.offset
+            continue
         assert res.status is ReadStatus.OK, res
         assert res.region is not None
         with res.region as region:
@@ -89,6 +93,9 @@ def abandon(m: MessageStoreManager) -> None:
         plog._closed = True
         for seg in plog.segments:
             seg.file.close()
+        if plog._high_water is not None:
+            plog._high_water.close()
+    m._release_locks()  # the kernel drops a dead process's flock
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -104,6 +111,11 @@ def file_bytes(path: str) -> bytes:
         return f.read()
 
 
+def segment_names(directory: str) -> list[str]:
+    """The segment files (``.meta``, ``.meta.new``) of a partition directory, sorted."""
+    return sorted(n for n in os.listdir(directory) if n.endswith((".meta", ".meta.new")))
+
+
 def segment_files(directory: str) -> list[str]:
     return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".meta"))
 
@@ -115,6 +127,7 @@ __all__ = [
     "manager",
     "read_all",
     "segment_files",
+    "segment_names",
     "settle",
     "threading",
     "wait_for",

@@ -14,8 +14,16 @@ from pathlib import Path
 import pytest
 
 from pymetaq.storage import InvalidRecords, MessageStoreManager, StoreConfig, TopicStoreConfig
+from pymetaq.storage.record import encode_record
 from tests.storage.faultdisk import FaultDisk
-from tests.storage.helpers import abandon, batch, manager, read_all, segment_files
+from tests.storage.helpers import (
+    abandon,
+    batch,
+    manager,
+    read_all,
+    segment_files,
+    segment_names,
+)
 
 
 def test_nearest_offset_is_the_start_of_the_segment_holding_it(tmp_path: Path) -> None:
@@ -77,7 +85,8 @@ def test_max_record_size_also_checked_without_stamping(tmp_path: Path) -> None:
     plog = m.get_log("t", 0)
     assert plog is not None
     with pytest.raises(InvalidRecords, match="exceeds the limit"):
-        plog.append(batch([b"a", b"b" * 9]), stamp_ids=False, max_record_size=8)
+        records = bytearray(encode_record(b"a", msg_id=7) + encode_record(b"b" * 9, msg_id=8))
+        plog.append(records, stamp_ids=False, max_record_size=8)
     assert plog.write_offset == 0
     m.close()
 
@@ -97,7 +106,7 @@ def test_roll_does_no_fsync_on_the_appending_thread(tmp_path: Path) -> None:
     syncs = disk.syncs
     plog.append(batch([b"b" * 70]), on_durable=lambda r, e: acked.append(r.offset))  # rolls
     assert disk.syncs == syncs  # no fsync on this thread
-    assert sorted(os.listdir(d)) == ["00000000000000000000.meta", "00000000000000000090.meta.new"]
+    assert segment_names(d) == ["00000000000000000000.meta", "00000000000000000090.meta.new"]
     assert os.path.getsize(os.path.join(d, "00000000000000000000.meta")) == 100  # not trimmed
     assert acked == [0] and plog.max_offset == 90  # nothing past the old segment is served
     m._flusher.run_once()
@@ -129,7 +138,8 @@ def test_several_rolls_between_flushes_finish_in_order(tmp_path: Path) -> None:
 
 def test_crash_between_roll_and_flush_recovers(tmp_path: Path) -> None:
     """Power loss after a roll, before the flusher finished it: the untrimmed old segment is
-    the last ``.meta`` (scanned and cut as usual) and the ``.meta.new`` is deleted."""
+    the last ``.meta`` (scanned and cut as usual); the ``.meta.new`` continues it exactly, so
+    it is adopted (here with nothing in it: its unsynced write was lost)."""
     disk = FaultDisk(random.Random(2))
     m = manager(str(tmp_path), threshold=0, segment=100, start=False, disk=disk)
     plog = m.get_log("t", 0)
@@ -146,7 +156,9 @@ def test_crash_between_roll_and_flush_recovers(tmp_path: Path) -> None:
     )
     [report] = m2.open()
     m2.start()
-    assert sorted(os.listdir(d)) == ["00000000000000000000.meta"]
+    assert segment_names(d) == ["00000000000000000000.meta", "00000000000000000090.meta"]
+    assert report.adopted == 1  # (the torn prefix of its unsynced write, if any, is cut)
+    assert report.records_cut == (1 if report.bytes_cut else 0)
     p2 = m2.get_log("t", 0)
     assert p2 is not None and report.max_offset == 90
     assert [r.data for r in read_all(p2)] == [b"a" * 70]

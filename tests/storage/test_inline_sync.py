@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 
 from pymetaq.storage import AppendResult, PartitionLog
-from pymetaq.storage.log import DurableCallback
+from pymetaq.storage.results import DurableCallback
 from tests.storage.faultdisk import FaultDisk
-from tests.storage.helpers import batch, manager, read_all
+from tests.storage.helpers import abandon, batch, manager, read_all
 
 
 def _acks(plog: PartitionLog) -> tuple[list[int], DurableCallback]:
@@ -44,6 +44,7 @@ def test_deferred_appends_are_acked_by_one_inline_fdatasync(tmp_path: Path) -> N
     assert disk.syncs == syncs + 1  # one fdatasync covered the three appends
     assert acked == [0, 30, 70] and plog.max_offset == plog.write_offset == 120
     disk.crash()  # power loss right after the acks: the acked records survive
+    abandon(m)
     m2 = manager(str(tmp_path), threshold=0, start=False)
     plog2 = m2.get_log("t", 0)
     assert plog2 is not None

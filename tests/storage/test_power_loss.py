@@ -74,6 +74,7 @@ def test_group_commit_every_ack_survives_power_loss(tmp_path: Path, seed: int, r
         disk = FaultDisk(random.Random(rng.random()))
         m = _open(path, disk, threshold=0)
         m.start()
+        assert all(r.gap is None and r.fenced is None for r in m.recovery_reports)
         plog = m.get_log("t", 0)
         assert plog is not None
         # everything acknowledged before is still here, intact
@@ -99,6 +100,7 @@ def test_group_commit_every_ack_survives_power_loss(tmp_path: Path, seed: int, r
         abandon(m)
     m = _open(path, FaultDisk(rng), threshold=0)
     m.start()
+    assert all(r.gap is None and r.fenced is None for r in m.recovery_reports)
     plog = m.get_log("t", 0)
     assert plog is not None
     got = {r.offset: r.data for r in read_all(plog)}
