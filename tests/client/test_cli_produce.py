@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pymetaq.client.cli_produce import iter_length_prefixed, iter_lines
+from pymetaq.client.cli.produce import iter_length_prefixed, iter_lines
 from tests._broker import BrokerProcess
 from tests.client.test_producer_helpers import fetch_all
 

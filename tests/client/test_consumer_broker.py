@@ -22,9 +22,11 @@ import pytest
 import sqlalchemy as sa
 
 from pymetaq.client.consumer import AsyncConsumer, Consumer, offset_entry
-from pymetaq.client.consumer_config import NoCommittedOffset, TopicPartition
-from pymetaq.client.core import BrokerSet, Message, build_records
+from pymetaq.client.consumer.config import NoCommittedOffset
 from pymetaq.client.protocol import BatchPutCommand
+from pymetaq.client.transport.brokers import BrokerSet
+from pymetaq.client.transport.records import build_records
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import FileOffsetStore, OffsetEntry, SqlOffsetStore, open_offset_store
 from tests._broker import BrokerProcess
 from tests._services import free_port

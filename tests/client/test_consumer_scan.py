@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from pymetaq.client.consumer import Consumer
-from pymetaq.client.consumer_batch import MessageBatch
-from pymetaq.client.consumer_config import TopicPartition
-from pymetaq.client.consumer_scan import scan
-from pymetaq.client.core import Message, build_record, decode_messages
+from pymetaq.client.consumer.batch import MessageBatch
+from pymetaq.client.consumer.scan import scan
+from pymetaq.client.transport.records import build_record, decode_messages
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import FileOffsetStore
 from tests.client.test_consumer_unit import FakeLog, FakeTransport, Recording, cfg, wait_for
 

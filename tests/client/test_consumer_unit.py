@@ -12,27 +12,20 @@ from pathlib import Path
 import pytest
 
 from pymetaq.client.consumer import AsyncConsumer, Consumer, offset_entry
-from pymetaq.client.consumer_batch import MessageBatch, Messages
-from pymetaq.client.consumer_config import (
+from pymetaq.client.consumer.batch import MessageBatch, Messages
+from pymetaq.client.consumer.config import (
     ConsumerConfig,
     InitialPosition,
     NoCommittedOffset,
-    TopicPartition,
     default_instance_id,
     effective_group,
 )
-from pymetaq.client.consumer_fetch import (
-    FetchReply,
-    FetchStatus,
-    PartitionState,
-    Step,
-    apply_scan,
-    backoff,
-    grown_size,
-    scan,
-)
-from pymetaq.client.consumer_recover import DropPolicy, LocalRecoverPolicy
-from pymetaq.client.core import Message, build_record, compress_batch
+from pymetaq.client.consumer.recover import DropPolicy, LocalRecoverPolicy
+from pymetaq.client.consumer.scan import scan
+from pymetaq.client.consumer.state import PartitionState, Step, apply_scan, backoff, grown_size
+from pymetaq.client.consumer.transport import FetchReply, FetchStatus
+from pymetaq.client.transport.records import build_record, compress_batch
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import FileOffsetStore, OffsetEntry
 
 TP = TopicPartition("t", 0, 0)

@@ -10,8 +10,6 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from pymetaq.client.accumulator import Accumulator
-from pymetaq.client.connection import BrokerConnection, LoopThread, raise_for_reply
 from pymetaq.client.errors import (
     ClientClosed,
     ConnectionLost,
@@ -20,8 +18,8 @@ from pymetaq.client.errors import (
     RequestTimeout,
     UnknownTopicOrPartition,
 )
-from pymetaq.client.message import Partition, decode_messages
-from pymetaq.client.partitioner import (
+from pymetaq.client.producer.accumulator import Accumulator
+from pymetaq.client.producer.partitioner import (
     OutgoingMessage,
     RoundRobin,
     key_hash_index,
@@ -37,6 +35,10 @@ from pymetaq.client.protocol import (
     VersionCommand,
     encode,
 )
+from pymetaq.client.transport.connection import BrokerConnection, raise_for_reply
+from pymetaq.client.transport.loop import LoopThread
+from pymetaq.client.transport.records import decode_messages
+from pymetaq.client.types import Partition
 
 Handler = Callable[[list[object], asyncio.StreamWriter], Awaitable[None]]
 

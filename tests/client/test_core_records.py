@@ -22,16 +22,15 @@ from pymetaq.client.errors import (
     UnknownTopicOrPartition,
     error_for_reply,
 )
-from pymetaq.client.message import (
-    Message,
-    Partition,
+from pymetaq.client.transport.records import (
     build_record,
     build_records,
     compress_batch,
     count_records,
     decode_messages,
 )
-from pymetaq.client.servers import parse_servers, parse_stats
+from pymetaq.client.transport.servers import parse_servers, parse_stats
+from pymetaq.client.types import Message, Partition
 from pymetaq.storage.record import FLAG_LZ4_BATCH, encode_data, encode_record, iter_records
 
 

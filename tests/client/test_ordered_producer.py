@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pymetaq.client import OrderedProducer, Partition
-from pymetaq.client.ordered import parse_layout
+from pymetaq.client.producer.ordered import parse_layout
 from tests._broker import BrokerProcess
 from tests.client.test_producer_helpers import fetch_all, free_port
 

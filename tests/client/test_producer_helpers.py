@@ -11,7 +11,6 @@ import socket
 import time
 from collections.abc import Callable
 
-from pymetaq.client.message import Message, decode_messages
 from pymetaq.client.protocol import (
     NEED_DATA,
     GetCommand,
@@ -21,6 +20,8 @@ from pymetaq.client.protocol import (
     ValueReply,
     encode,
 )
+from pymetaq.client.transport.records import decode_messages
+from pymetaq.client.types import Message
 
 
 def free_port() -> int:

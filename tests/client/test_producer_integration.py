@@ -111,7 +111,7 @@ def test_round_robin_spreads_evenly_in_partition_order(broker: BrokerProcess, ur
 
 def _hash_in_subprocess(keys: list[str], n: int) -> list[int]:
     code = (
-        "import sys; from pymetaq.client.partitioner import key_hash_index as h;"
+        "import sys; from pymetaq.client.producer.partitioner import key_hash_index as h;"
         f"print(' '.join(str(h(k.encode(), {n})) for k in sys.argv[1:]))"
     )
     out = subprocess.run(

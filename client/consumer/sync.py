@@ -47,38 +47,19 @@ import time
 from types import TracebackType
 from typing import Any
 
-from pymetaq.client.consumer_async import AsyncConsumer
-from pymetaq.client.consumer_batch import MessageBatch, Messages
-from pymetaq.client.consumer_config import (
+from pymetaq.client.consumer.batch import Messages
+from pymetaq.client.consumer.config import (
     ConsumerConfig,
     ConsumerError,
-    InitialPosition,
-    NoCommittedOffset,
-    NotAssigned,
-    TopicPartition,
 )
-from pymetaq.client.consumer_engine import build_engine
-from pymetaq.client.consumer_fetch import ConsumerTransport, PartitionState
-from pymetaq.client.consumer_recover import DropPolicy, Listener, LocalRecoverPolicy, RejectPolicy
-from pymetaq.client.core import ClientClosed, LoopThread, Message
-from pymetaq.offsets import OffsetEntry, OffsetStore
-
-__all__ = [
-    "AsyncConsumer",
-    "Consumer",
-    "ConsumerConfig",
-    "ConsumerError",
-    "DropPolicy",
-    "InitialPosition",
-    "LocalRecoverPolicy",
-    "MessageBatch",
-    "Messages",
-    "NoCommittedOffset",
-    "NotAssigned",
-    "RejectPolicy",
-    "TopicPartition",
-    "offset_entry",
-]
+from pymetaq.client.consumer.engine import build_engine
+from pymetaq.client.consumer.recover import Listener, LocalRecoverPolicy, RejectPolicy
+from pymetaq.client.consumer.state import PartitionState
+from pymetaq.client.consumer.transport import ConsumerTransport
+from pymetaq.client.errors import ClientClosed
+from pymetaq.client.transport.loop import LoopThread
+from pymetaq.client.types import Message, TopicPartition
+from pymetaq.offsets import OffsetStore
 
 log = logging.getLogger("pymetaq.client.consumer")
 
@@ -86,11 +67,6 @@ log = logging.getLogger("pymetaq.client.consumer")
 #: the partition's position (a commit never covers a message whose listener call has not
 #: returned; a seek or close is noticed within this many calls).
 _CHUNK = 256
-
-
-def offset_entry(message: Message) -> OffsetEntry:
-    """The offset to commit once ``message`` is processed (e.g. with ``commit_in``)."""
-    return OffsetEntry(message.topic, message.partition_key, message.next_offset, message.id)
 
 
 class _Schedule:

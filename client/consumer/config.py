@@ -35,9 +35,9 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from pymetaq.client.errors import MetaClientError
+from pymetaq.client.types import TopicPartition
 
 #: characters MetaQ rejects in a group name (``ConsumerConfig.checkGroup``), plus whitespace.
 _BAD_GROUP_CHARS = re.compile(r"[~!#$%^&*()+=`'\",;/?\[\]<>.:\s]")
@@ -52,22 +52,6 @@ class InitialPosition(enum.Enum):
     LATEST = "latest"
     NONE = "none"
     AUTO = "auto"
-
-
-class TopicPartition(NamedTuple):
-    """One partition of one topic; sorts by (topic, broker_id, partition) like MetaQ."""
-
-    topic: str
-    broker_id: int
-    partition: int
-
-    @property
-    def key(self) -> str:
-        """MetaQ's partition key ``"<brokerId>-<partition>"`` (offset stores use it)."""
-        return f"{self.broker_id}-{self.partition}"
-
-    def __str__(self) -> str:
-        return f"{self.topic}/{self.broker_id}-{self.partition}"
 
 
 @dataclass(frozen=True)

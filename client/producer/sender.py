@@ -33,8 +33,6 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from functools import partial
 
-from pymetaq.client.accumulator import Accumulator, Batch
-from pymetaq.client.connection import BrokerConnection, Reply
 from pymetaq.client.errors import (
     ClientClosed,
     ConnectionLost,
@@ -43,9 +41,11 @@ from pymetaq.client.errors import (
     RequestTimeout,
     error_for_reply,
 )
-from pymetaq.client.message import compress_batch
-from pymetaq.client.metadata import BrokerSet
+from pymetaq.client.producer.accumulator import Accumulator, Batch
 from pymetaq.client.protocol import BatchPutCommand, ResultReply
+from pymetaq.client.transport.brokers import BrokerSet
+from pymetaq.client.transport.connection import BrokerConnection, Reply
+from pymetaq.client.transport.records import compress_batch
 from pymetaq.storage.checksum import checksum
 
 log = logging.getLogger(__name__)

@@ -44,10 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from pymetaq.client.errors import ClientClosed, RequestTimeout
-from pymetaq.client.message import Partition, SendResult, build_record
-from pymetaq.client.partitioner import key_bytes, key_hash_index, resolve_explicit
-from pymetaq.client.producer import Producer, ProducerConfig
+from pymetaq.client.producer.config import ProducerConfig
+from pymetaq.client.producer.partitioner import key_bytes, key_hash_index, resolve_explicit
+from pymetaq.client.producer.sync import Producer
 from pymetaq.client.spool import Spool, SpoolConfig
+from pymetaq.client.transport.records import build_record
+from pymetaq.client.types import Partition, SendResult
 
 log = logging.getLogger(__name__)
 

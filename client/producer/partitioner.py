@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from pymetaq.client.errors import UnknownTopicOrPartition
-from pymetaq.client.message import Partition
+from pymetaq.client.types import Partition
 
 
 class OutgoingMessage(NamedTuple):

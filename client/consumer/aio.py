@@ -24,11 +24,12 @@ import logging
 from types import TracebackType
 from typing import Any
 
-from pymetaq.client.consumer_batch import Messages
-from pymetaq.client.consumer_config import ConsumerConfig, ConsumerError, TopicPartition
-from pymetaq.client.consumer_engine import build_engine
-from pymetaq.client.consumer_fetch import ConsumerTransport
-from pymetaq.client.core import ClientClosed
+from pymetaq.client.consumer.batch import Messages
+from pymetaq.client.consumer.config import ConsumerConfig, ConsumerError
+from pymetaq.client.consumer.engine import build_engine
+from pymetaq.client.consumer.transport import ConsumerTransport
+from pymetaq.client.errors import ClientClosed
+from pymetaq.client.types import TopicPartition
 from pymetaq.offsets import OffsetStore
 
 log = logging.getLogger("pymetaq.client.consumer")

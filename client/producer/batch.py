@@ -34,7 +34,7 @@ from functools import partial
 from typing import Any
 
 from pymetaq.client.errors import MetaClientError
-from pymetaq.client.message import Partition, SendResult
+from pymetaq.client.types import Partition, SendResult
 
 AnyFuture = concurrent.futures.Future[None] | asyncio.Future[None]
 

@@ -23,21 +23,21 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from pymetaq.client.connection import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_REQUEST_TIMEOUT_S,
-    BrokerConnection,
-    raise_for_reply,
-)
 from pymetaq.client.errors import (
     ClientClosed,
     MetaClientError,
     NoBrokerAvailable,
     UnknownTopicOrPartition,
 )
-from pymetaq.client.message import Partition
 from pymetaq.client.protocol import ResultReply, StatsCommand
-from pymetaq.client.servers import parse_servers, parse_stats
+from pymetaq.client.transport.connection import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    BrokerConnection,
+    raise_for_reply,
+)
+from pymetaq.client.transport.servers import parse_servers, parse_stats
+from pymetaq.client.types import Partition
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-from pymetaq.client.accumulator import BatchHandle
 from pymetaq.client.errors import MetaClientError
-from pymetaq.client.producer import Producer
+from pymetaq.client.producer.batch import BatchHandle
+from pymetaq.client.producer.sync import Producer
 
 _LEN = struct.Struct(">I")
 

@@ -2,7 +2,7 @@
 
 :func:`scan` walks the complete records at the start of a reply (fetched at offset ``base``):
 lengths, flags and every record's CRC32 are checked; each plain record's offset, id and
-payload (``bytes``) go into a :class:`~pymetaq.client.consumer_batch.MessageBatch` (messages
+payload (``bytes``) go into a :class:`~pymetaq.client.consumer.batch.MessageBatch` (messages
 are built lazily, in C). A reply holding a flagged record (attribute, lz4 batch) is decoded
 eagerly into a list of messages by :func:`_scan_eager`. The scan stops at a trailing partial
 record and at a corrupt one (reported, never raised).
@@ -40,9 +40,10 @@ from dataclasses import dataclass
 from math import gcd
 from typing import Literal
 
-from pymetaq.client.consumer_batch import MessageBatch, make_message
-from pymetaq.client.consumer_config import TopicPartition
-from pymetaq.client.core import CorruptMessage, Message, decode_messages
+from pymetaq.client.consumer.batch import MessageBatch, make_message
+from pymetaq.client.errors import CorruptMessage
+from pymetaq.client.transport.records import decode_messages
+from pymetaq.client.types import Message, TopicPartition
 
 HEADER_SIZE = 20
 MASK31 = 0x7FFFFFFF

@@ -3,7 +3,7 @@
 Split from the sender as in aiokafka: ``append``/``append_many`` (any thread) build the
 messages' records (header via ``struct.pack`` + ``zlib.crc32``) and add them to the open batch
 of their partition; the sender (the event-loop thread) takes batches that are *due* and writes
-them as ``bput``. Batches and handles are in :mod:`pymetaq.client.batch`.
+them as ``bput``. Batches and handles are in :mod:`pymetaq.client.producer.batch`.
 
 A partition's queue holds batches in creation order; only the last one is open for appends.
 A batch is *due* when it is full (``batch_messages`` / ``batch_bytes``), older than
@@ -28,9 +28,9 @@ import zlib
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Sequence
 
-from pymetaq.client.batch import AnyFuture, Batch, BatchHandle, Segment, SendHandle
 from pymetaq.client.errors import RequestTimeout
-from pymetaq.client.message import Partition
+from pymetaq.client.producer.batch import AnyFuture, Batch, BatchHandle, Segment, SendHandle
+from pymetaq.client.types import Partition
 from pymetaq.storage.record import HEADER
 
 _pack = HEADER.pack

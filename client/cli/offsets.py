@@ -27,15 +27,14 @@ import asyncio
 import sys
 from typing import Any, TextIO
 
-from pymetaq.client.cli_consume import open_store
-from pymetaq.client.consumer_config import ConsumerConfig, TopicPartition
-from pymetaq.client.consumer_fetch import END_OFFSET, BrokerTransport
+from pymetaq.client.cli.consume import open_store
+from pymetaq.client.consumer.config import ConsumerConfig
+from pymetaq.client.consumer.transport import END_OFFSET, BrokerTransport
+from pymetaq.client.types import TopicPartition
 from pymetaq.offsets import OffsetEntry, OffsetStore
 
 
 def add_parser(subparsers: Any) -> None:
-    if "offsets" in getattr(subparsers, "choices", {}):
-        return  # another module registered it first
     p = subparsers.add_parser("offsets", help="show or reset a consumer group's offsets")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name in ("show", "reset"):

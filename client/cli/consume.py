@@ -31,9 +31,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from pymetaq.client.consumer import Consumer
-from pymetaq.client.consumer_config import TopicPartition
-from pymetaq.client.core import Message
+from pymetaq.client.consumer.sync import Consumer
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import OffsetStore, open_offset_store
 
 

@@ -1,8 +1,8 @@
 """Message batches: what ``poll()`` returns and what a partition buffers.
 
-A fetch reply is checked eagerly by :func:`~pymetaq.client.consumer_scan.scan` (every record's
+A fetch reply is checked eagerly by :func:`~pymetaq.client.consumer.scan.scan` (every record's
 header and CRC) which keeps, per plain record, its offset, id and payload (``bytes``) in three
-parallel lists. :class:`~pymetaq.client.core.Message` objects (named tuples) are built only
+parallel lists. :class:`~pymetaq.client.transport.Message` objects (named tuples) are built only
 when accessed, in C: iteration is ``map(tuple.__new__, repeat(Message), zip(...))`` with no
 Python bytecode per message. A consumer that needs only payloads uses ``values()`` and never
 pays for message objects.
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
 from typing import Any, overload
 
-from pymetaq.client.core import Message
+from pymetaq.client.types import Message
 
 _new: Callable[..., Message] = tuple.__new__
 

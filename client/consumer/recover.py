@@ -31,8 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from pymetaq.client.core import Message, Partition, make_data
 from pymetaq.client.spool import Spool, SpoolEntry, SpoolLocked
+from pymetaq.client.transport.records import make_data
+from pymetaq.client.types import Message, Partition
 from pymetaq.storage.record import decode_data, encode_record, iter_records
 
 log = logging.getLogger("pymetaq.client.consumer")

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, TypeAlias
+from typing import TypeAlias
 
-from pymetaq.client.accumulator import Accumulator, AnyFuture
 from pymetaq.client.errors import ClientClosed, MessageTooLarge
-from pymetaq.client.message import Partition
-from pymetaq.client.metadata import BrokerSet
-from pymetaq.client.partitioner import (
+from pymetaq.client.producer.accumulator import Accumulator, AnyFuture
+from pymetaq.client.producer.config import ProducerConfig
+from pymetaq.client.producer.partitioner import (
     OutgoingMessage,
-    PartitionerFn,
     RoundRobin,
     key_bytes,
     key_hash_index,
@@ -29,57 +26,11 @@ from pymetaq.client.partitioner import (
     resolve_custom,
     resolve_explicit,
 )
-from pymetaq.client.sender import Sender, SenderConfig
+from pymetaq.client.producer.sender import Sender, SenderConfig
+from pymetaq.client.transport.brokers import BrokerSet
+from pymetaq.client.types import Partition
 
 PartitionArg: TypeAlias = int | str | Partition | None
-
-
-@dataclass(frozen=True)
-class ProducerConfig:
-    """Producer settings (pass ``config=`` and/or keyword overrides to the constructor)."""
-
-    linger_ms: float = 0.0
-    batch_messages: int = 1000
-    batch_bytes: int = 512 * 1024
-    max_in_flight: int = 5
-    request_timeout_ms: float = 3000.0
-    connect_timeout_ms: float = 3000.0
-    retries: int = 0
-    retry_backoff_ms: float = 100.0
-    partitioner: Literal["round_robin", "random"] | PartitionerFn = "round_robin"
-    compression: Literal["lz4"] | None = None
-    max_message_bytes: int = 1 << 20
-    buffer_bytes: int = 64 << 20
-    metadata_max_age_ms: float = 30000.0
-    body_checksum: bool = False
-
-    def __post_init__(self) -> None:
-        if self.compression not in (None, "lz4"):
-            raise ValueError(f"compression must be None or 'lz4', not {self.compression!r}")
-        if self.batch_messages < 1 or self.batch_bytes < 1 or self.max_in_flight < 1:
-            raise ValueError("batch_messages, batch_bytes and max_in_flight must be >= 1")
-        if self.retries < 0 or self.linger_ms < 0:
-            raise ValueError("retries and linger_ms must be >= 0")
-        if not callable(self.partitioner):
-            make_strategy(self.partitioner)  # validates the name
-
-    @property
-    def delivery_timeout_s(self) -> float:
-        """How long a blocking ``send`` waits: every attempt, backoff, connect and linger."""
-        attempts = self.retries + 1
-        per = self.request_timeout_ms + self.retry_backoff_ms + self.connect_timeout_ms
-        return (attempts * per + self.linger_ms) / 1000.0 + 1.0
-
-
-def make_config(config: ProducerConfig | None, overrides: dict[str, Any]) -> ProducerConfig:
-    cfg = config or ProducerConfig()
-    if overrides:
-        names = {f.name for f in fields(ProducerConfig)}
-        unknown = set(overrides) - names
-        if unknown:
-            raise TypeError(f"unknown producer option(s): {', '.join(sorted(unknown))}")
-        cfg = replace(cfg, **overrides)
-    return cfg
 
 
 def all_small_bytes(values: Sequence[bytes], limit: int) -> bool:

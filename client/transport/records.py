@@ -27,12 +27,11 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import lz4.frame
 
-from pymetaq.client.errors import CorruptMessage, MetaClientError
+from pymetaq.client.errors import CorruptMessage
+from pymetaq.client.types import Message
 from pymetaq.storage.record import ATTR_LEN, FLAG_ATTRIBUTE, FLAG_LZ4_BATCH, HEADER, HEADER_SIZE
 
 MASK31 = 0x7FFFFFFF
@@ -41,87 +40,9 @@ _unpack_header: Callable[..., tuple[int, int, int, int]] = HEADER.unpack_from
 _crc32 = zlib.crc32
 
 
-class Partition(NamedTuple):
-    """One partition of a topic: MetaQ's key is ``"<broker_id>-<partition>"``.
-
-    A named tuple (hashing and ordering in C: the producer looks one up per message); ordering
-    is MetaQ's, by (broker_id, partition).
-    """
-
-    broker_id: int
-    partition: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.broker_id}-{self.partition}"
-
-    def __str__(self) -> str:
-        return self.key
-
-    @classmethod
-    def parse(cls, key: str) -> Partition:
-        """``"3-1"`` -> ``Partition(3, 1)``."""
-        b, sep, p = key.partition("-")
-        if not sep:
-            raise ValueError(f"partition key {key!r} is not '<brokerId>-<partition>'")
-        return cls(int(b), int(p))
-
-
-class Message(NamedTuple):
-    """A fetched message (immutable).
-
-    ``partition`` is the broker-local partition number and ``broker_id`` the broker's id
-    (MetaQ's partition key is ``f"{broker_id}-{partition}"``, see :attr:`partition_key`).
-    ``offset`` is the byte position of the stored record; ``next_offset`` the position of the
-    next record (fetch from there to continue). For an lz4 batch every inner message shares the
-    outer record's ``offset``, ``next_offset`` and ``id``.
-
-    A named tuple: the consumer builds one per record in C (``tuple.__new__`` over ``zip``),
-    about 0.1 us instead of ~1 us for a frozen dataclass; fields read at C speed.
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    id: int
-    value: bytes
-    attribute: str | None = None
-    next_offset: int = 0
-    broker_id: int = 0
-
-    @property
-    def partition_key(self) -> str:
-        return f"{self.broker_id}-{self.partition}"
-
-
 #: ``_new(Message, (topic, partition, offset, id, value, attribute, next_offset, broker_id))``
 #: builds a Message in C (no Python-level ``__new__``): the decode loops use it.
 _new: Callable[..., Message] = tuple.__new__
-
-
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """The outcome of one send (MetaQ's ``SendResult``).
-
-    On success ``partition`` is the broker-local partition, ``broker_id`` its broker, ``offset``
-    the byte position of the stored record and ``msg_id`` the broker-assigned id; on failure
-    ``success`` is False and ``error`` holds the exception (``offset``/``msg_id`` are -1).
-    """
-
-    success: bool
-    partition: int
-    offset: int
-    msg_id: int
-    error: MetaClientError | None = None
-    broker_id: int = 0
-    topic: str = ""
-    #: OrderedProducer only: the message was kept in the local spool (offset/msg_id -1) and
-    #: will be sent, in order, when its partition is reachable again.
-    spooled: bool = False
-
-    @property
-    def partition_key(self) -> str:
-        return f"{self.broker_id}-{self.partition}"
 
 
 def make_data(value: bytes, attribute: str | None) -> tuple[bytes, int]:

@@ -39,35 +39,36 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pymetaq.client.consumer_batch import Messages, id_at, next_offset_at, offset_at
-from pymetaq.client.consumer_config import (
+from pymetaq.client.consumer.batch import Messages, id_at, next_offset_at, offset_at
+from pymetaq.client.consumer.config import (
     UNGROUPED_GROUP,
     ConsumerConfig,
     InitialPosition,
     NoCommittedOffset,
     NotAssigned,
-    TopicPartition,
     effective_group,
 )
-from pymetaq.client.consumer_fetch import (
+from pymetaq.client.consumer.scan import scan
+from pymetaq.client.consumer.state import PartitionState, Step, apply_scan, backoff
+from pymetaq.client.consumer.transport import (
     END_OFFSET,
     BrokerTransport,
     ConsumerTransport,
     FetchStatus,
-    PartitionState,
     Prefetched,
-    Step,
-    apply_scan,
-    backoff,
-    scan,
 )
-from pymetaq.client.core import Message
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import FileOffsetStore, OffsetEntry, OffsetStore
 
 log = logging.getLogger("pymetaq.client.consumer")
 
 #: steps after which a fetch round continues at once (no result for the caller yet).
 _AGAIN = (Step.GROW, Step.SKIPPED, Step.RESYNC)
+
+
+def offset_entry(message: Message) -> OffsetEntry:
+    """The offset to commit once ``message`` is processed (e.g. with ``commit_in``)."""
+    return OffsetEntry(message.topic, message.partition_key, message.next_offset, message.id)
 
 
 class ConsumerEngine:
