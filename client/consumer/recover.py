@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pymetaq.client.spool import Spool, SpoolEntry, SpoolLocked
-from pymetaq.client.transport.records import make_data
 from pymetaq.client.types import Message, Partition
-from pymetaq.storage.record import decode_data, encode_record, iter_records
+from pymetaq.storage.record import decode_data, encode_data, encode_record, iter_records
 
 log = logging.getLogger("pymetaq.client.consumer")
 
@@ -82,7 +81,7 @@ def default_recover_dir() -> str:
 
 def message_record(m: Message) -> bytes:
     """The message as one storage record (what the spool keeps)."""
-    data, flag = make_data(m.value, m.attribute)
+    data, flag = encode_data(m.value, m.attribute)
     return bytes(encode_record(data, flag, m.id))
 
 

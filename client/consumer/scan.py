@@ -44,17 +44,18 @@ from pymetaq.client.consumer.batch import MessageBatch, make_message
 from pymetaq.client.errors import CorruptMessage
 from pymetaq.client.transport.records import decode_messages
 from pymetaq.client.types import Message, TopicPartition
+from pymetaq.storage.checksum import MASK31
+from pymetaq.storage.record import HEADER, HEADER_SIZE
 
-HEADER_SIZE = 20
-MASK31 = 0x7FFFFFFF
 #: a run shorter than this is walked record by record (the column set-up costs ~2 us).
 _MIN_RUN = 16
 #: records walked one by one before the next run is probed.
 _WALK_CHUNK = 128
 
-_unpack = struct.Struct(">iiqi").unpack_from
-_unpack_len = struct.Struct(">i").unpack_from
-_pack_len = struct.Struct(">i").pack
+_unpack = HEADER.unpack_from
+_INT32 = struct.Struct(">i")  # a header's first field (the data length), read on its own
+_unpack_len = _INT32.unpack_from
+_pack_len = _INT32.pack
 _crc = zlib.crc32
 _TOP7 = bytes(b & 0x7F for b in range(256))  # translate table: mask the CRC's top bit
 #: payload length -> (records per format, unpack_from of ``"20x<length>s" * records``)

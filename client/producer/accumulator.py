@@ -21,7 +21,6 @@ Thread-safety: every method takes ``lock`` (``cond`` is a Condition on the same 
 
 from __future__ import annotations
 
-import struct
 import threading
 import time
 import zlib
@@ -31,12 +30,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pymetaq.client.errors import RequestTimeout
 from pymetaq.client.producer.batch import AnyFuture, Batch, BatchHandle, Segment, SendHandle
 from pymetaq.client.types import Partition
-from pymetaq.storage.record import HEADER
+from pymetaq.storage.checksum import MASK31
+from pymetaq.storage.record import ATTR_LEN, HEADER
 
 _pack = HEADER.pack
 _crc32 = zlib.crc32
-_ATTR_LEN = struct.Struct(">i").pack
-MASK31 = 0x7FFFFFFF
+_ATTR_LEN = ATTR_LEN.pack
 
 __all__ = ["Accumulator", "AnyFuture", "Batch", "BatchHandle", "SendHandle"]
 

@@ -24,17 +24,22 @@ Thread-safe: immutable values and pure functions.
 
 from __future__ import annotations
 
-import struct
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 
-import lz4.frame
-
 from pymetaq.client.errors import CorruptMessage
 from pymetaq.client.types import Message
-from pymetaq.storage.record import ATTR_LEN, FLAG_ATTRIBUTE, FLAG_LZ4_BATCH, HEADER, HEADER_SIZE
+from pymetaq.storage.checksum import MASK31
+from pymetaq.storage.record import (
+    FLAG_ATTRIBUTE,
+    FLAG_LZ4_BATCH,
+    HEADER,
+    HEADER_SIZE,
+    decode_data,
+    encode_data,
+    encode_record,
+)
 
-MASK31 = 0x7FFFFFFF
 _pack_header: Callable[..., bytes] = HEADER.pack
 _unpack_header: Callable[..., tuple[int, int, int, int]] = HEADER.unpack_from
 _crc32 = zlib.crc32
@@ -45,23 +50,9 @@ _crc32 = zlib.crc32
 _new: Callable[..., Message] = tuple.__new__
 
 
-def make_data(value: bytes, attribute: str | None) -> tuple[bytes, int]:
-    """A record's data section and flag for a payload and optional attribute."""
-    if attribute is None:
-        return value, 0
-    attr = attribute.encode("utf-8")
-    return ATTR_LEN.pack(len(attr)) + attr + value, FLAG_ATTRIBUTE
-
-
-def record_header(data: bytes, flag: int = 0) -> bytes:
-    """The 20-byte header of a client-built record (id 0)."""
-    return _pack_header(len(data), _crc32(data) & MASK31, 0, flag)
-
-
 def build_record(value: bytes, attribute: str | None = None) -> bytes:
-    """One complete record (header + data) for a payload and optional attribute."""
-    data, flag = make_data(value, attribute)
-    return _pack_header(len(data), _crc32(data) & MASK31, 0, flag) + data
+    """One complete record (header with id 0 + data) for a payload and optional attribute."""
+    return encode_record(*encode_data(value, attribute))
 
 
 def build_records(values: Iterable[bytes]) -> bytes:
@@ -76,22 +67,11 @@ def build_records(values: Iterable[bytes]) -> bytes:
 
 def compress_batch(records: bytes | Sequence[bytes]) -> bytes:
     """One outer :data:`FLAG_LZ4_BATCH` record whose data is an lz4 frame of ``records``."""
+    import lz4.frame  # only producers that compress need lz4
+
     raw = records if isinstance(records, bytes) else b"".join(records)
     frame: bytes = lz4.frame.compress(raw, store_size=True)
-    return _pack_header(len(frame), _crc32(frame) & MASK31, 0, FLAG_LZ4_BATCH) + frame
-
-
-def count_records(buf: bytes) -> int:
-    """How many complete records ``buf`` holds (no CRC check)."""
-    n = pos = 0
-    end = len(buf)
-    while pos + HEADER_SIZE <= end:
-        (length,) = struct.unpack_from(">i", buf, pos)
-        if length < 0 or pos + HEADER_SIZE + length > end:
-            break
-        pos += HEADER_SIZE + length
-        n += 1
-    return n
+    return encode_record(frame, FLAG_LZ4_BATCH)
 
 
 def decode_messages(
@@ -138,16 +118,12 @@ def decode_messages(
 
 
 def _split_attribute(data: bytes, offset: int) -> tuple[str, bytes]:
-    if len(data) < 4:
-        raise CorruptMessage(offset, "attribute flag set but data shorter than 4 bytes")
-    (alen,) = ATTR_LEN.unpack_from(data, 0)
-    if alen < 0 or 4 + alen > len(data):
-        raise CorruptMessage(offset, f"attribute length {alen} exceeds data length {len(data)}")
     try:
-        attr = data[4 : 4 + alen].decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CorruptMessage(offset, f"attribute is not UTF-8: {e}") from None
-    return attr, data[4 + alen :]
+        attr, value = decode_data(data, FLAG_ATTRIBUTE)
+    except (ValueError, UnicodeDecodeError) as e:  # bad framing / not UTF-8
+        raise CorruptMessage(offset, f"bad attribute: {e}") from None
+    assert attr is not None
+    return attr, value
 
 
 def _expand_batch(
@@ -162,6 +138,8 @@ def _expand_batch(
     out: list[Message],
 ) -> None:
     """Append the inner messages of one lz4 batch record (they share offset/next/id)."""
+    import lz4.frame  # only consumers that meet an lz4 batch need lz4
+
     try:
         raw: bytes = lz4.frame.decompress(frame)
     except RuntimeError as e:  # lz4 raises RuntimeError for a bad frame

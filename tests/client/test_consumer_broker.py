@@ -16,7 +16,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -40,7 +42,7 @@ TOPICS = {
     "bcast": {"numPartitions": 2},
     "big": {"numPartitions": 1},
 }
-FAST = dict(max_delay_fetch_ms=100, long_poll_ms=200, commit_interval=0.1)
+FAST: dict[str, Any] = dict(max_delay_fetch_ms=100, long_poll_ms=200, commit_interval=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +303,7 @@ def test_failing_listener_attempts_spool_and_redelivery(
         seen.append(m.value)
 
     store = FileOffsetStore(tmp_path / "o.json")
-    kw = dict(FAST, max_fetch_retries=3, recover_dir=str(tmp_path / "rec"))
+    kw: dict[str, Any] = dict(FAST, max_fetch_retries=3, recover_dir=str(tmp_path / "rec"))
     with Consumer(server(broker), "fg", store, recover_interval=3600, **kw) as c:
         c.subscribe("fail", listener)
         c.start()
@@ -325,7 +327,7 @@ def test_broadcast_every_instance_gets_everything(broker: BrokerProcess, tmp_pat
     consumers = []
     for inst in ("a", "b"):
         c = Consumer(server(broker), "news", store, broadcast=True, instance_id=inst, **FAST)
-        c.subscribe("bcast", lambda m, inst=inst: got[inst].append(m.value))
+        c.subscribe("bcast", partial(_collect, got[inst]))
         consumers.append(c)
     for c in consumers:
         c.start()
@@ -364,9 +366,7 @@ def kill_loop(
         child = start()
         target = min(before + rng.randint(1, total // (kills + 1)), total - 1)
         try:
-            wait_for(
-                lambda t=target, ch=child: progress() >= t or ch.poll() is not None, 60, "progress"
-            )
+            wait_for(partial(_progressed, progress, target, child), 60, "progress")
             assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
         finally:
             child.send_signal(signal.SIGKILL)
@@ -507,6 +507,15 @@ def _child_exactly(srv: str, url: str, group: str) -> None:
     threading.Event().wait()
 
 
+def _collect(out: list[bytes], m: Message) -> None:
+    out.append(m.value)
+
+
+def _progressed(progress: Callable[[], int], target: int, child: subprocess.Popen[bytes]) -> bool:
+    return progress() >= target or child.poll() is not None
+
+
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
-    {"atleast": _child_atleast, "exactly": _child_exactly}[mode](*rest)
+    child = _child_atleast if mode == "atleast" else _child_exactly
+    child(*rest)

@@ -6,8 +6,9 @@ import asyncio
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -200,8 +201,11 @@ def two_partitions(n: int) -> tuple[FakeTransport, dict[TopicPartition, list[int
     return FakeTransport(logs), ids
 
 
-def run(coro: object) -> object:
-    return asyncio.run(coro)  # type: ignore[arg-type]
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
 
 
 def test_poll_order_positions_and_commit(tmp_path: Path) -> None:
@@ -239,7 +243,7 @@ def test_restart_resumes_from_commit_and_initial_schemes(tmp_path: Path) -> None
     tp1 = TopicPartition("t", 0, 1)
     store.commit("g", [OffsetEntry("t", "0-1", tr.logs[tp1].offsets[3], 4)])
 
-    async def first(**kw: object) -> list[Message]:
+    async def first(**kw: Any) -> list[Message]:
         c = AsyncConsumer(
             group=kw.pop("group", "g"), offset_store=store, config=cfg(**kw), transport=tr
         )
@@ -284,8 +288,8 @@ def test_seek_moved_and_crc_resync() -> None:
         first = await c.poll(1.0)
         assert [m.value for m in first] == [b"x00", b"x01", b"x02", b"x03"]
         c.seek(TP, log.offsets[10])
-        got = await c.poll(1.0)
-        assert got[0].value == b"x10"
+        moved = await c.poll(1.0)
+        assert moved[0].value == b"x10"
         # 301: beyond the end -> moved to the end; below the start -> moved to the start
         c.seek(TP, log.max_offset + 1000)
         assert await c.poll(0.05) == []
@@ -294,7 +298,7 @@ def test_seek_moved_and_crc_resync() -> None:
         # next fetch starts at the bad record (a transmission error heals there)
         c.seek(TP, log.offsets[15])
         tr.corrupt_once[(TP, log.offsets[15])] = 30
-        got = []
+        got: list[Message] = []
         while len(got) < 5:
             got += await c.poll(1.0)
         assert [m.value for m in got] == [b"x15", b"x16", b"x17", b"x18", b"x19"]
@@ -343,7 +347,7 @@ class Recording:
     def __init__(self) -> None:
         self.rejected: list[tuple[Message, BaseException]] = []
 
-    def bind(self, group: str, listeners: dict[str, object]) -> None:
+    def bind(self, group: str, listeners: dict[str, Any]) -> None:
         pass
 
     def reject(self, message: Message, error: BaseException) -> None:

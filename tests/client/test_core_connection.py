@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import zlib
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -121,7 +122,7 @@ def test_on_done_runs_once_per_request_on_reply_timeout_and_loss() -> None:
     async def main() -> list[tuple[str, str]]:
         calls: list[tuple[str, str]] = []
 
-        def hook(name: str, fut: asyncio.Future[object]) -> None:
+        def hook(name: str, fut: asyncio.Future[Any]) -> None:
             assert fut.done()
             exc = fut.exception()
             calls.append((name, type(exc).__name__ if exc else "ok"))

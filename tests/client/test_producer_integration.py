@@ -90,12 +90,14 @@ def test_per_partition_order_with_concurrent_senders(broker: BrokerProcess, url:
     for values in _all(broker, topic):
         last: dict[int, int] = {}
         for v in values:
-            t, i = map(int, v.split(b":"))
-            assert i > last.get(t, -1), f"thread {t}: {i} after {last.get(t)} in one partition"
-            last[t] = i
-            seen[t].append(i)
-    for t in range(threads):
-        assert sorted(seen[t]) == list(range(per_thread)), "lost or duplicated messages"
+            tid, i = map(int, v.split(b":"))
+            assert i > last.get(tid, -1), (
+                f"thread {tid}: {i} after {last.get(tid)} in one partition"
+            )
+            last[tid] = i
+            seen[tid].append(i)
+    for tid in range(threads):
+        assert sorted(seen[tid]) == list(range(per_thread)), "lost or duplicated messages"
 
 
 def test_round_robin_spreads_evenly_in_partition_order(broker: BrokerProcess, url: str) -> None:

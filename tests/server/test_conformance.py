@@ -36,7 +36,7 @@ TOPICS = {
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     tmp = tmp_path_factory.mktemp("conformance")
-    with BrokerProcess.start(tmp, topics=TOPICS, system={"idleTimeoutMs": 0}) as b:
+    with BrokerProcess.start(tmp, topics=TOPICS, system={"idleTimeoutMs": 0}) as b:  # type: ignore[arg-type]
         yield b
 
 

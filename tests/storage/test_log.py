@@ -63,7 +63,7 @@ def test_append_read_round_trip_and_layout(store: MessageStoreManager, seed: int
     assert all(len(n) == 25 for n in names) and names[0] == "00000000000000000000.meta"
     starts = [parse_segment_name(n) for n in names]
     sizes = [os.path.getsize(f) for f in files[:-1]]
-    assert [s + z for s, z in zip(starts, sizes)] == starts[1:]
+    assert [s + z for s, z in zip(starts, sizes)] == starts[1:]  # type: ignore[operator]
     # a segment exceeds the limit only when one batch alone is bigger than it
     assert all(z <= max(store.config.max_segment_size, biggest) for z in sizes)
 
