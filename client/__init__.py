@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         BrokerError,
         ClientClosed,
         ConnectionLost,
+        MessageMayBeStored,
         MessageTooLarge,
         MetaClientError,
         NoBrokerAvailable,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
         ProducerConfig,
         SendHandle,
     )
-    from pymetaq.client.types import Message, Partition, SendResult, TopicPartition
+    from pymetaq.client.types import Message, SendResult, TopicPartition
 
 #: public name -> the module that defines it
 _LAZY = {
@@ -52,7 +53,6 @@ _LAZY = {
     "BatchHandle": "pymetaq.client.producer.batch",
     "SendHandle": "pymetaq.client.producer.batch",
     "Message": "pymetaq.client.types",
-    "Partition": "pymetaq.client.types",
     "SendResult": "pymetaq.client.types",
     "TopicPartition": "pymetaq.client.types",
     "BrokerError": "pymetaq.client.errors",
@@ -64,6 +64,7 @@ _LAZY = {
     "OffsetOutOfRange": "pymetaq.client.errors",
     "RequestTimeout": "pymetaq.client.errors",
     "UnknownTopicOrPartition": "pymetaq.client.errors",
+    "MessageMayBeStored": "pymetaq.client.errors",
 }
 
 __all__ = [
@@ -76,12 +77,12 @@ __all__ = [
     "Consumer",
     "ConsumerConfig",
     "Message",
+    "MessageMayBeStored",
     "MessageTooLarge",
     "MetaClientError",
     "NoBrokerAvailable",
     "OffsetOutOfRange",
     "OrderedProducer",
-    "Partition",
     "Producer",
     "ProducerConfig",
     "RequestTimeout",

@@ -1,5 +1,5 @@
-"""The client's values: ``Message`` (fetched), ``SendResult`` (a send's outcome), and the
-partition types ``Partition`` (a partition of a known topic) and ``TopicPartition``.
+"""The client's values: ``Message`` (fetched), ``SendResult`` (a send's outcome) and
+``TopicPartition`` (the one partition type of the producer, the consumer and the offsets).
 
 Thread-safe: immutable values.
 """
@@ -10,32 +10,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pymetaq.client.errors import MetaClientError
-
-
-class Partition(NamedTuple):
-    """One partition of a topic: MetaQ's key is ``"<broker_id>-<partition>"``.
-
-    A named tuple (hashing and ordering in C: the producer looks one up per message); ordering
-    is MetaQ's, by (broker_id, partition).
-    """
-
-    broker_id: int
-    partition: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.broker_id}-{self.partition}"
-
-    def __str__(self) -> str:
-        return self.key
-
-    @classmethod
-    def parse(cls, key: str) -> Partition:
-        """``"3-1"`` -> ``Partition(3, 1)``."""
-        b, sep, p = key.partition("-")
-        if not sep:
-            raise ValueError(f"partition key {key!r} is not '<brokerId>-<partition>'")
-        return cls(int(b), int(p))
 
 
 class Message(NamedTuple):
@@ -91,7 +65,12 @@ class SendResult:
 
 
 class TopicPartition(NamedTuple):
-    """One partition of one topic; sorts by (topic, broker_id, partition) like MetaQ."""
+    """One partition of one topic — the client's one partition type.
+
+    MetaQ's partition key is ``"<broker_id>-<partition>"`` (:attr:`key`; offset stores use it).
+    A named tuple (hashing and ordering in C: the producer picks one per message); a topic's
+    partitions sort as MetaQ sorts them, by (broker_id, partition).
+    """
 
     topic: str
     broker_id: int
@@ -99,8 +78,16 @@ class TopicPartition(NamedTuple):
 
     @property
     def key(self) -> str:
-        """MetaQ's partition key ``"<brokerId>-<partition>"`` (offset stores use it)."""
+        """MetaQ's partition key ``"<brokerId>-<partition>"``."""
         return f"{self.broker_id}-{self.partition}"
 
     def __str__(self) -> str:
         return f"{self.topic}/{self.broker_id}-{self.partition}"
+
+    @classmethod
+    def from_key(cls, topic: str, key: str) -> TopicPartition:
+        """``("t", "3-1")`` -> ``TopicPartition("t", 3, 1)``; ``ValueError`` for a bad key."""
+        b, sep, p = key.partition("-")
+        if not sep:
+            raise ValueError(f"partition key {key!r} is not '<brokerId>-<partition>'")
+        return cls(topic, int(b), int(p))

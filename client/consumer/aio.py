@@ -10,7 +10,7 @@ async with AsyncConsumer("meta://localhost:8123", "billing", store) as c:
 
 Same engine, semantics and configuration as :class:`pymetaq.client.consumer.Consumer` (poll
 mode): messages returned by one ``poll()`` count as consumed at the next ``poll()`` or
-``commit()``; auto commit every ``commit_interval`` seconds (a task) and on ``close()``. Blocking
+``commit()``; auto commit every ``commit_interval_s`` seconds (a task) and on ``close()``. Blocking
 offset-store calls run in worker threads (``asyncio.to_thread``).
 
 Thread-safety: an ``AsyncConsumer`` belongs to the loop it is first used on.
@@ -25,9 +25,8 @@ from types import TracebackType
 from typing import Any
 
 from pymetaq.client.consumer.batch import Messages
-from pymetaq.client.consumer.config import ConsumerConfig, ConsumerError
-from pymetaq.client.consumer.engine import build_engine
-from pymetaq.client.consumer.transport import ConsumerTransport
+from pymetaq.client.consumer.config import UNGROUPED_GROUP
+from pymetaq.client.consumer.face import ConsumerFace
 from pymetaq.client.errors import ClientClosed
 from pymetaq.client.types import TopicPartition
 from pymetaq.offsets import OffsetStore
@@ -35,33 +34,20 @@ from pymetaq.offsets import OffsetStore
 log = logging.getLogger("pymetaq.client.consumer")
 
 
-class AsyncConsumer:
-    """The asyncio face: ``subscribe``, ``await poll()``, ``await commit()``, ``await close()``."""
+class AsyncConsumer(ConsumerFace):
+    """The asyncio face: ``subscribe``, ``await poll()``, ``await commit()``, ``await close()``
+    (constructor: :class:`~pymetaq.client.consumer.face.ConsumerFace`)."""
 
     def __init__(
         self,
         servers: str | list[str] = "",
         group: str | None = None,
         offset_store: OffsetStore | None = None,
-        *,
-        config: ConsumerConfig | None = None,
-        transport: ConsumerTransport | None = None,
-        **overrides: Any,
+        **kwargs: Any,
     ) -> None:
-        self._engine, self._owns_store = build_engine(
-            servers, group, offset_store, config, transport, overrides
-        )
-        self.config = self._engine.config
-        self.group = self._engine.group
-        self._committer: Any = None
+        super().__init__(servers, group, offset_store, **kwargs)
+        self._committer: asyncio.Task[None] | None = None
         self._closed = False
-
-    def subscribe(self, topic: str) -> AsyncConsumer:
-        if self._engine.opened:
-            raise ConsumerError("subscribe() must come before the first poll()")
-        if topic not in self._engine.topics:
-            self._engine.topics.append(topic)
-        return self
 
     async def start(self) -> None:
         """Connect and position (the first ``poll()`` does it if not called)."""
@@ -70,15 +56,16 @@ class AsyncConsumer:
         if self._engine.opened:
             return
         await self._engine.open()
+        self._engine.reject_policy.bind(self.group or UNGROUPED_GROUP, {})
         if self.config.enable_auto_commit and self.group is not None:
             self._committer = asyncio.ensure_future(self._commit_loop())
 
     async def _commit_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.commit_interval)
+            await asyncio.sleep(self.config.commit_interval_s)
             try:
                 await asyncio.to_thread(self._engine.commit_now)
-            except Exception:
+            except Exception:  # logged with the traceback; the next round tries again
                 log.exception("periodic offset commit failed")
 
     async def poll(self, timeout_s: float = 1.0, max_records: int = 0) -> Messages:
@@ -100,21 +87,11 @@ class AsyncConsumer:
         await self.start()
         await self._engine.assign(partitions)
 
-    def position(self, tp: TopicPartition) -> int:
-        return int(self._engine.state(tp).position)
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self._engine.state(tp).request_seek(offset)
-
     async def seek_to_beginning(self, tp: TopicPartition) -> None:
         self.seek(tp, await self._engine.bound(tp, end=False))
 
     async def seek_to_end(self, tp: TopicPartition) -> None:
         self.seek(tp, await self._engine.bound(tp, end=True))
-
-    @property
-    def stats(self) -> dict[str, int]:
-        return dict(self._engine.counters)
 
     async def close(self) -> None:
         if self._closed:
@@ -129,9 +106,9 @@ class AsyncConsumer:
                 self._engine.mark_returned_consumed()
                 await asyncio.to_thread(self._engine.commit_now)
         finally:
+            await asyncio.to_thread(self._engine.reject_policy.close)
             await self._engine.shutdown()
-            if self._owns_store and self._engine.store is not None:
-                self._engine.store.close()
+            self._close_store()
 
     async def __aenter__(self) -> AsyncConsumer:
         return self

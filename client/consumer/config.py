@@ -16,28 +16,23 @@ Initial position (when a group has no committed offset for a partition), after t
 A committed offset always wins over the scheme. Broadcast consumers are grouped (each instance
 keeps its own offsets under ``<group>-<instance_id>``), so `auto` means `earliest` for them.
 
-Error tree (under the client's :class:`~pymetaq.client.errors.MetaClientError`)::
-
-    MetaClientError
-    └── ConsumerError
-        ├── NoCommittedOffset (topic, partition)  scheme `none` and nothing committed
-        └── NotAssigned (topic, partition)        seek() on a partition this consumer
-                                                  does not own
+Errors: :class:`~pymetaq.client.errors.NoCommittedOffset`, ``NotAssigned`` (the tree is in
+:mod:`pymetaq.client.errors`).
 
 Thread-safety: immutable values and pure functions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import os
 import re
 import socket
+import warnings
 from dataclasses import dataclass
-
-from pymetaq.client.errors import MetaClientError
-from pymetaq.client.types import TopicPartition
+from typing import Any
 
 #: characters MetaQ rejects in a group name (``ConsumerConfig.checkGroup``), plus whitespace.
 _BAD_GROUP_CHARS = re.compile(r"[~!#$%^&*()+=`'\",;/?\[\]<>.:\s]")
@@ -56,7 +51,7 @@ class InitialPosition(enum.Enum):
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """Every consumer knob. Times: ``*_ms`` in milliseconds, intervals in seconds."""
+    """Every consumer knob. Units are in the names: ``*_ms`` milliseconds, ``*_s`` seconds."""
 
     #: initial bytes asked per ``get`` (MetaQ's subscribe maxSize); the broker caps a reply at
     #: its ``maxTransferSize`` (1 MiB by default).
@@ -74,7 +69,7 @@ class ConsumerConfig:
     #: then the message goes to the reject policy (MetaQ default 5).
     max_fetch_retries: int = 5
     #: commit changed offsets every this many seconds (MetaQ 5 s), and on close.
-    commit_interval: float = 5.0
+    commit_interval_s: float = 5.0
     #: False: the consumer never writes offsets itself (the application commits, e.g. with
     #: ``SqlOffsetStore.commit_in`` inside its own transaction).
     enable_auto_commit: bool = True
@@ -86,7 +81,7 @@ class ConsumerConfig:
     #: recover spool root (default ``~/.pymetaq_recover``); ``<dir>/<topic>@<group>/``.
     recover_dir: str | None = None
     #: seconds between redeliveries of spooled messages (MetaQ 5 min).
-    recover_interval: float = 300.0
+    recover_interval_s: float = 300.0
     #: listener threads (sync Consumer); 0 = min(number of partitions, CPUs, 8), at least 1.
     fetch_runner_count: int = 0
     #: upper bound of messages one ``poll()`` returns; 0 = everything buffered.
@@ -101,33 +96,34 @@ class ConsumerConfig:
             raise ValueError("need 64 <= fetch_max_size <= fetch_max_size_cap")
         if self.max_fetch_retries < 0 or self.max_delay_fetch_ms < 0 or self.long_poll_ms < 0:
             raise ValueError("max_fetch_retries, max_delay_fetch_ms, long_poll_ms must be >= 0")
-        if self.commit_interval <= 0 or self.recover_interval <= 0:
-            raise ValueError("commit_interval and recover_interval must be > 0")
+        if self.commit_interval_s <= 0 or self.recover_interval_s <= 0:
+            raise ValueError("commit_interval_s and recover_interval_s must be > 0")
         if self.instance_id is not None:
             check_group(self.instance_id, what="instance_id")
 
 
-class ConsumerError(MetaClientError):
-    """Base of the consumer's own errors."""
-
-    retriable = False
-
-
-class NoCommittedOffset(ConsumerError):
-    """Initial position ``none`` and the group has no committed offset for a partition."""
-
-    def __init__(self, group: str, tp: TopicPartition) -> None:
-        super().__init__(f"group {group!r} has no committed offset for {tp}")
-        self.group = group
-        self.topic_partition = tp
+#: keyword names from before the units were in every name -> today's names (still accepted as
+#: constructor overrides, with a DeprecationWarning: they are in the 0.1 documentation)
+RENAMED = {"commit_interval": "commit_interval_s", "recover_interval": "recover_interval_s"}
 
 
-class NotAssigned(ConsumerError):
-    """The partition is not (or no longer) owned by this consumer."""
-
-    def __init__(self, tp: TopicPartition) -> None:
-        super().__init__(f"{tp} is not assigned to this consumer")
-        self.topic_partition = tp
+def make_config(config: ConsumerConfig | None, overrides: dict[str, Any]) -> ConsumerConfig:
+    """``config`` (default ``ConsumerConfig()``) with keyword overrides applied; unknown names
+    raise ``TypeError`` naming them."""
+    cfg = config or ConsumerConfig()
+    if not overrides:
+        return cfg
+    for old, new in RENAMED.items():
+        if old in overrides:
+            warnings.warn(
+                f"consumer option {old!r} is now {new!r}", DeprecationWarning, stacklevel=3
+            )
+            overrides[new] = overrides.pop(old)
+    known = {f.name for f in dataclasses.fields(ConsumerConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"unknown consumer option(s): {', '.join(unknown)}")
+    return dataclasses.replace(cfg, **overrides)
 
 
 def check_group(group: str, *, what: str = "group") -> str:

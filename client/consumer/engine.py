@@ -31,34 +31,30 @@ position snapshot may run in any thread (they read ints that the loop/workers wr
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
-from pymetaq.client.consumer.batch import Messages, id_at, next_offset_at, offset_at
+from pymetaq.client.consumer.batch import Messages, id_at, make_message, next_offset_at, offset_at
 from pymetaq.client.consumer.config import (
     UNGROUPED_GROUP,
     ConsumerConfig,
     InitialPosition,
-    NoCommittedOffset,
-    NotAssigned,
-    effective_group,
 )
+from pymetaq.client.consumer.recover import RejectPolicy
 from pymetaq.client.consumer.scan import scan
 from pymetaq.client.consumer.state import PartitionState, Step, apply_scan, backoff
 from pymetaq.client.consumer.transport import (
     END_OFFSET,
-    BrokerTransport,
     ConsumerTransport,
     FetchStatus,
     Prefetched,
 )
+from pymetaq.client.errors import NoCommittedOffset, NotAssigned, UndecodableRecord
 from pymetaq.client.types import Message, TopicPartition
-from pymetaq.offsets import FileOffsetStore, OffsetEntry, OffsetStore
+from pymetaq.offsets import OffsetEntry, OffsetStore
+from pymetaq.storage.record import HEADER_SIZE
 
 log = logging.getLogger("pymetaq.client.consumer")
 
@@ -80,11 +76,15 @@ class ConsumerEngine:
         group: str | None,
         store: OffsetStore | None,
         config: ConsumerConfig,
+        reject_policy: RejectPolicy,
     ) -> None:
         self.transport = transport
         self.group = group  # effective group (broadcast-renamed) or None (ungrouped)
         self.store = store
         self.config = config
+        #: where undecodable records go (and, in listener mode, messages whose listener
+        #: keeps failing)
+        self.reject_policy = reject_policy
         self.topics: list[str] = []
         self.states: dict[TopicPartition, PartitionState] = {}
         self.counters = {
@@ -96,6 +96,7 @@ class ConsumerEngine:
             "crc_errors": 0,
             "grown": 0,
             "commits": 0,
+            "undecodable": 0,
         }
         self._returned: dict[TopicPartition, tuple[int, int]] = {}
         # marks of the last poll() result until its caller has it (claim) or lost it (rewind)
@@ -272,7 +273,35 @@ class ConsumerEngine:
             )
         elif step is Step.RESYNC:
             return await self._resync(st, sc.corrupt_at, sc.reason)
+        elif step is Step.UNDECODABLE:
+            assert sc.undecodable is not None
+            return await self._reject_undecodable(st, sc.undecodable)
         return step
+
+    async def _reject_undecodable(self, st: PartitionState, bad: UndecodableRecord) -> Step:
+        """Hand a CRC-valid but undecodable record to the reject policy and move past it
+        (counted in ``counters["undecodable"]``); if the policy fails, keep it and retry
+        after the backoff (never dropped silently)."""
+        tp = st.tp
+        data = bad.record[HEADER_SIZE:]
+        message = make_message(
+            tp.topic, tp.partition, bad.offset, bad.msg_id, data, bad.next_offset, tp.broker_id
+        )
+        try:
+            await asyncio.to_thread(self.reject_policy.reject, message, bad)
+        except Exception as e:
+            log.error("%s: rejecting the undecodable record at %s failed: %r", tp, bad.offset, e)
+            st.delay_ms = float(self.config.max_delay_fetch_ms)
+            return Step.EMPTY
+        self.counters["undecodable"] += 1
+        log.error(
+            "%s: record at %s is undecodable (%s); handed to the reject policy, moving on",
+            tp,
+            bad.offset,
+            bad.reason,
+        )
+        st.skip(bad.offset, bad.next_offset, bad.msg_id)
+        return Step.SKIPPED
 
     def _moved(self, st: PartitionState, offset: int, new_offset: int) -> Step:
         self.counters["moved"] += 1
@@ -338,7 +367,7 @@ class ConsumerEngine:
         for tp, (pos, mid) in self._returned.items():
             st = self.states.get(tp)
             if st is not None and st.pending_seek is None:
-                st.position, st.last_msg_id = pos, mid
+                st.advance(pos, mid)
         self._returned.clear()
 
     async def poll(self, timeout_s: float, max_records: int = 0) -> Messages:
@@ -409,8 +438,10 @@ class ConsumerEngine:
         ahead = self._ahead.pop(st.tp, None)
         prefetched = None
         if ahead is not None:
-            with contextlib.suppress(Exception):
+            try:
                 prefetched = await ahead
+            except Exception as e:  # the round below fetches again, without the read-ahead
+                log.warning("%s: read-ahead fetch failed: %r", st.tp, e)
         elif sleep and st.delay_ms > 0:
             await asyncio.sleep(st.delay_ms / 1000)
         step = await self.fetch_round(st, prefetched)
@@ -436,8 +467,12 @@ class ConsumerEngine:
         for t in tasks:
             t.cancel()
         for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            try:
                 await t
+            except asyncio.CancelledError:
+                pass
+            except Exception as e:  # a fetch that failed before it was cancelled
+                log.warning("cancelled fetch had failed: %r", e)
 
     # ---------------------------------------------------------------- commits
 
@@ -481,24 +516,3 @@ class ConsumerEngine:
         """Cancel fetches and close the connections."""
         await self.cancel_fetches()
         self.transport.close()
-
-
-def build_engine(
-    servers: str | list[str],
-    group: str | None,
-    offset_store: OffsetStore | None,
-    config: ConsumerConfig | None,
-    transport: ConsumerTransport | None,
-    overrides: dict[str, Any],
-) -> tuple[ConsumerEngine, bool]:
-    """An engine from the public constructor arguments; True if it owns its offset store."""
-    cfg = config or ConsumerConfig()
-    if overrides:
-        cfg = dataclasses.replace(cfg, **overrides)
-    eff = effective_group(group, cfg)
-    owned = False
-    if eff is not None and offset_store is None:
-        offset_store = FileOffsetStore(Path.home() / ".pymetaq_offsets")
-        owned = True
-    tr = transport if transport is not None else BrokerTransport(servers, cfg)
-    return ConsumerEngine(tr, eff, offset_store if eff is not None else None, cfg), owned

@@ -6,10 +6,17 @@ After ``1 + max_fetch_retries`` failed listener attempts the consumer hands the 
 * :class:`LocalRecoverPolicy` (default, MetaQ's ``LocalRecoverPolicy``): the message is
   journaled in a local spool, ``<recover_dir>/<topic>@<group>/`` (:mod:`pymetaq.client.spool`,
   fsynced before the consumer moves past it), and a background thread re-feeds every spooled
-  message to the topic's listener every ``recover_interval`` seconds, deleting it on success.
+  message to the topic's listener every ``recover_interval_s`` seconds, deleting it on success.
+  An *undecodable* record (CRC-valid, but unreadable: see
+  :class:`~pymetaq.client.errors.UndecodableRecord`) is kept byte for byte in
+  ``<recover_dir>/<topic>@<group>.undecodable/`` for an operator and never redelivered.
   The spool survives restarts: a new consumer of the same group and ``recover_dir`` redelivers
   what an earlier one spooled.
-* :class:`DropPolicy`: log and drop.
+* :class:`DropPolicy`: log and drop (undecodable records too).
+
+A policy receives ``reject(message, error)``: for an undecodable record ``error`` is an
+:class:`~pymetaq.client.errors.UndecodableRecord` (``error.record`` holds the stored bytes) and
+``message.value`` the record's raw data section.
 
 One process at a time holds a spool directory (``flock``). If another process of the same group
 on this host has it, redelivery skips it and a rejection raises ``SpoolLocked``: the consumer
@@ -31,8 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from pymetaq.client.spool import Spool, SpoolEntry, SpoolLocked
-from pymetaq.client.types import Message, Partition
+from pymetaq.client.errors import SpoolLocked, UndecodableRecord
+from pymetaq.client.spool import Spool, SpoolEntry
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.storage.record import decode_data, encode_data, encode_record, iter_records
 
 log = logging.getLogger("pymetaq.client.consumer")
@@ -74,6 +82,11 @@ class DropPolicy:
         pass
 
 
+def dead_letter_name(topic: str, group: str) -> str:
+    """The directory (under the recover dir) that keeps a group's undecodable records."""
+    return f"{topic}@{group}.undecodable"
+
+
 def default_recover_dir() -> str:
     """``~/.pymetaq_recover`` (MetaQ: ``~/.meta_recover``)."""
     return str(Path.home() / ".pymetaq_recover")
@@ -89,16 +102,16 @@ def entry_message(e: SpoolEntry) -> Message:
     """A spooled message rebuilt."""
     rec = next(iter_records(e.record))
     attribute, value = decode_data(rec.data, rec.flag)
-    p = Partition.parse(e.partition) if e.partition else Partition(0, -1)
+    p = TopicPartition.from_key(e.topic, e.partition) if e.partition else None
     return Message(
         e.topic,
-        p.partition,
+        p.partition if p is not None else -1,
         e.offset,
         rec.msg_id,
         value,
         attribute,
         e.offset + len(e.record),
-        p.broker_id,
+        p.broker_id if p is not None else 0,
     )
 
 
@@ -106,14 +119,17 @@ class LocalRecoverPolicy:
     """Spool rejected messages on disk and redeliver them periodically (see module doc)."""
 
     def __init__(
-        self, recover_dir: str | os.PathLike[str] | None = None, interval: float = 300.0
+        self, recover_dir: str | os.PathLike[str] | None = None, interval_s: float = 300.0
     ) -> None:
         self.dir = Path(recover_dir or default_recover_dir())
-        self.interval = interval
+        self.interval_s = interval_s
         self.group = ""
         self.listeners: dict[str, Listener] = {}
         self.spools: dict[str, Spool] = {}
         self.redelivered = 0
+        #: undecodable records kept for an operator (never redelivered)
+        self.dead_lettered = 0
+        self._dead: dict[str, Spool] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,7 +151,7 @@ class LocalRecoverPolicy:
                         topic,
                         group,
                     )
-            if self._thread is None:
+            if self._thread is None and listeners:  # poll mode: nothing to redeliver to
                 self._thread = threading.Thread(
                     target=self._run, name="pymetaq-recover", daemon=True
                 )
@@ -160,6 +176,9 @@ class LocalRecoverPolicy:
             return spool
 
     def reject(self, message: Message, error: BaseException) -> None:
+        if isinstance(error, UndecodableRecord):
+            self._dead_letter(message, error)
+            return
         self._spool(message.topic).append(
             message_record(message),
             topic=message.topic,
@@ -173,6 +192,30 @@ class LocalRecoverPolicy:
             message.offset,
             message.id,
             error,
+        )
+
+    def _dead_letter(self, message: Message, error: UndecodableRecord) -> None:
+        """Keep an undecodable record byte for byte in ``<topic>@<group>.undecodable/``."""
+        with self._lock:
+            spool = self._dead.get(message.topic)
+            if spool is None:
+                spool = self._dead[message.topic] = Spool(
+                    self.dir / dead_letter_name(message.topic, self.group)
+                )
+        spool.append(
+            error.record,
+            topic=message.topic,
+            partition=message.partition_key,
+            offset=message.offset,
+        )
+        self.dead_lettered += 1
+        log.error(
+            "kept undecodable record %s/%s offset %s (%s) in %s",
+            message.topic,
+            message.partition_key,
+            message.offset,
+            error.reason,
+            spool.dir,
         )
 
     def pending(self) -> int:
@@ -211,7 +254,7 @@ class LocalRecoverPolicy:
         return done
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(self.interval_s):
             try:
                 self.redeliver_once()
             except Exception:
@@ -223,6 +266,7 @@ class LocalRecoverPolicy:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=10)
         with self._lock:
-            for s in self.spools.values():
+            for s in [*self.spools.values(), *self._dead.values()]:
                 s.close()
             self.spools.clear()
+            self._dead.clear()

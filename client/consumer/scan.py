@@ -5,7 +5,9 @@ lengths, flags and every record's CRC32 are checked; each plain record's offset,
 payload (``bytes``) go into a :class:`~pymetaq.client.consumer.batch.MessageBatch` (messages
 are built lazily, in C). A reply holding a flagged record (attribute, lz4 batch) is decoded
 eagerly into a list of messages by :func:`_scan_eager`. The scan stops at a trailing partial
-record and at a corrupt one (reported, never raised).
+record, at a corrupt one (bad length or CRC: reported, never raised) and at an *undecodable*
+one (CRC-valid, but a flag or framing this client cannot read: reported with the whole record
+as an :class:`~pymetaq.client.errors.UndecodableRecord`, for the reject policy).
 
 Two paths, same result (the property tests compare them on arbitrary inputs):
 
@@ -41,7 +43,7 @@ from math import gcd
 from typing import Literal
 
 from pymetaq.client.consumer.batch import MessageBatch, make_message
-from pymetaq.client.errors import CorruptMessage
+from pymetaq.client.errors import CorruptMessage, UndecodableRecord
 from pymetaq.client.transport.records import decode_messages
 from pymetaq.client.types import Message, TopicPartition
 from pymetaq.storage.checksum import MASK31
@@ -72,6 +74,9 @@ class Scan:
     need: int = 0  # >0: bytes the first (incomplete) record needs; nothing was complete
     corrupt_at: int = -1  # >=0: offset of a corrupt record (scanning stopped there)
     reason: str = ""
+    #: a CRC-valid record that cannot be decoded (scanning stopped there: ``next_offset`` is
+    #: its offset); retrying cannot help, the consumer rejects it and moves on
+    undecodable: UndecodableRecord | None = None
 
 
 class _Cols:
@@ -298,8 +303,16 @@ def _scan_eager(buf: bytes, tp: TopicPartition, base: int, verify: bool, max_rec
                 msgs, _ = decode_messages(
                     buf[pos:stop], topic, part, base + pos, verify, broker_id=broker
                 )
-            except CorruptMessage as e:
-                return Scan(out, base + pos, 0, base + pos, e.reason)
+            except CorruptMessage as e:  # the CRC was right: the record itself is bad
+                bad = UndecodableRecord(
+                    base + pos,
+                    f"flag {flag:#x}: {e.reason}",
+                    record=buf[pos:stop],
+                    flag=flag,
+                    msg_id=mid,
+                    next_offset=base + stop,
+                )
+                return Scan(out, base + pos, undecodable=bad)
             out.extend(msgs)
         else:
             out.append(make_message(topic, part, base + pos, mid, data, base + stop, broker))

@@ -49,6 +49,9 @@ class PartitionState:
     #: after a seek or a load: on the first empty reply, check the offset is not beyond the
     #: end (a MetaQ broker answers 404, not 301, there unless updateConsumerOffsets is on)
     check_end: bool = True
+    #: rejected undecodable records not yet passed by the position: offset -> (the offset
+    #: after it, its id); the position jumps over them once it reaches them
+    skips: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.position < 0:
@@ -75,7 +78,22 @@ class PartitionState:
         self.delay_ms = 0.0
         self.reset_pending = True
         self.check_end = True
+        self.skips.clear()
         return True
+
+    def advance(self, position: int, last_msg_id: int) -> None:
+        """Move the consumed position (and past any rejected record that starts there)."""
+        skips = self.skips
+        while skips and position in skips:
+            position, last_msg_id = skips.pop(position)
+        self.position, self.last_msg_id = position, last_msg_id
+
+    def skip(self, offset: int, next_offset: int, msg_id: int) -> None:
+        """The record at ``offset`` was rejected: fetch on after it, and count it consumed once
+        everything before it is (at once if the position is already there)."""
+        self.fetch_offset = next_offset
+        self.skips[offset] = (next_offset, msg_id)
+        self.advance(self.position, self.last_msg_id)
 
     def consume_head(self) -> None:
         """Mark ``buffer[index]`` processed and advance (see :meth:`consumed_through`)."""
@@ -92,8 +110,11 @@ class PartitionState:
         self.attempts = 0
         here = offset_at(buf, k)
         inside = k + 1 < len(buf) and offset_at(buf, k + 1) == here
-        self.position = here if inside else next_offset_at(buf, k)
-        self.last_msg_id = id_at(buf, k)
+        position = here if inside else next_offset_at(buf, k)
+        if self.skips:
+            self.advance(position, id_at(buf, k))
+        else:
+            self.position, self.last_msg_id = position, id_at(buf, k)
 
 
 def backoff(delay_ms: float, max_delay_ms: int) -> float:
@@ -118,6 +139,7 @@ class Step(enum.Enum):
     TOO_LARGE = "too_large"  # a record exceeds the cap: stuck, back off at max
     RESYNC = "resync"  # corrupt record: ask the broker for the segment start
     SKIPPED = "skipped"  # records below the resync floor were dropped; refetch at once
+    UNDECODABLE = "undecodable"  # the first record is CRC-valid but undecodable: reject it
 
 
 def apply_scan(st: PartitionState, sc: Scan, fetched: int, config: ConsumerConfig) -> Step:
@@ -135,6 +157,8 @@ def apply_scan(st: PartitionState, sc: Scan, fetched: int, config: ConsumerConfi
         st.crc_errors += 1
         st.fetch_offset = sc.corrupt_at
         return Step.RESYNC
+    if sc.undecodable is not None and not msgs:
+        return Step.UNDECODABLE  # the caller hands it to the reject policy, then st.skip()
     if msgs:
         st.buffer, st.index, st.attempts = msgs, 0, 0
         st.fetch_offset = sc.next_offset

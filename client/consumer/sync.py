@@ -14,10 +14,10 @@ with Consumer("meta://localhost:8123", "billing", store) as c:
 
 MetaQ semantics: each owned partition is one sequential stream (listener calls for a
 partition never overlap and follow log order); delivery is at-least-once (offsets are
-committed every ``commit_interval`` seconds, before a partition is released and on close, and
+committed every ``commit_interval_s`` seconds, before a partition is released and on close, and
 only past processed messages). A listener exception is retried (``delay = max_delay/10 x
 attempt``); after ``1 + max_fetch_retries`` attempts the message goes to the reject policy
-(default: the local recover spool, redelivered every ``recover_interval``) and the partition
+(default: the local recover spool, redelivered every ``recover_interval_s``) and the partition
 moves on. Without ZooKeeper a consumer owns every partition of its topics; ``assign()`` is the
 seam for group rebalancing (cluster issue).
 
@@ -45,18 +45,14 @@ import os
 import threading
 import time
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from pymetaq.client.consumer.batch import Messages
-from pymetaq.client.consumer.config import (
-    ConsumerConfig,
-    ConsumerError,
-)
-from pymetaq.client.consumer.engine import build_engine
-from pymetaq.client.consumer.recover import Listener, LocalRecoverPolicy, RejectPolicy
+from pymetaq.client.consumer.config import UNGROUPED_GROUP
+from pymetaq.client.consumer.face import ConsumerFace
+from pymetaq.client.consumer.recover import Listener
 from pymetaq.client.consumer.state import PartitionState
-from pymetaq.client.consumer.transport import ConsumerTransport
-from pymetaq.client.errors import ClientClosed
+from pymetaq.client.errors import ClientClosed, ConsumerError
 from pymetaq.client.transport.loop import LoopThread
 from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import OffsetStore
@@ -101,28 +97,17 @@ class _Schedule:
             self._cond.notify_all()
 
 
-class Consumer:
-    """The synchronous consumer (see the module docstring)."""
+class Consumer(ConsumerFace):
+    """The synchronous consumer (see the module docstring; constructor: :class:`ConsumerFace`)."""
 
     def __init__(
         self,
         servers: str | list[str] = "",
         group: str | None = None,
         offset_store: OffsetStore | None = None,
-        *,
-        config: ConsumerConfig | None = None,
-        reject_policy: RejectPolicy | None = None,
-        transport: ConsumerTransport | None = None,
-        **overrides: Any,
+        **kwargs: Any,
     ) -> None:
-        self._engine, self._owns_store = build_engine(
-            servers, group, offset_store, config, transport, overrides
-        )
-        self.config = self._engine.config
-        self.group = self._engine.group
-        self._reject = reject_policy or LocalRecoverPolicy(
-            self.config.recover_dir, self.config.recover_interval
-        )
+        super().__init__(servers, group, offset_store, **kwargs)
         self._listeners: dict[str, Listener] = {}
         self._lt = LoopThread("pymetaq-consumer")
         self._lock = threading.Lock()
@@ -137,12 +122,9 @@ class Consumer:
 
     # ---------------------------------------------------------------- setup
 
-    def subscribe(self, topic: str, listener: Listener | None = None) -> Consumer:
+    def subscribe(self, topic: str, listener: Listener | None = None) -> Self:
         """Consume ``topic``; with ``listener`` each message is passed to it (``start()``)."""
-        if self._engine.opened:
-            raise ConsumerError("subscribe() must come before start()/poll()")
-        if topic not in self._engine.topics:
-            self._engine.topics.append(topic)
+        super().subscribe(topic)
         if listener is not None:
             self._listeners[topic] = listener
         return self
@@ -154,6 +136,8 @@ class Consumer:
             if self._engine.opened:
                 return
             self._lt.run(self._engine.open())
+            if not self._listeners:  # poll mode: the policy takes undecodable records only
+                self._engine.reject_policy.bind(self.group or UNGROUPED_GROUP, {})
             if self.config.enable_auto_commit and self.group is not None:
                 self._committer = threading.Thread(
                     target=self._commit_loop, daemon=True, name="pymetaq-consumer-commit"
@@ -169,7 +153,7 @@ class Consumer:
             if self._started:
                 return
             self._started = True
-            self._reject.bind(self.group or "pymetaq-ungrouped", self._listeners)
+            self._engine.reject_policy.bind(self.group or UNGROUPED_GROUP, self._listeners)
             for st in self._engine.states.values():
                 self._schedule.put(st)
             n = self.config.fetch_runner_count or min(
@@ -255,7 +239,7 @@ class Consumer:
                 "%s: listener failed on offset %s (attempt %s): %r", st.tp, m.offset, st.attempts, e
             )
             return True
-        self._reject.reject(m, e)
+        self._engine.reject_policy.reject(m, e)
         return False
 
     # ---------------------------------------------------------------- poll mode
@@ -298,14 +282,10 @@ class Consumer:
                 if tp not in before:
                     self._schedule.put(st)
 
-    def position(self, tp: TopicPartition) -> int:
-        """The consumed position (what a commit would write) of ``tp``."""
-        return int(self._engine.state(tp).position)
-
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Continue ``tp`` at byte ``offset`` (a record start; out of range -> 301 -> moved)."""
         self._open()
-        self._engine.state(tp).request_seek(offset)
+        super().seek(tp, offset)
 
     def seek_to_beginning(self, tp: TopicPartition) -> None:
         self._open()
@@ -325,7 +305,7 @@ class Consumer:
         self._engine.commit_now()
 
     def _commit_loop(self) -> None:
-        while not self._stop.wait(self.config.commit_interval):
+        while not self._stop.wait(self.config.commit_interval_s):
             try:
                 self._engine.commit_now()
             except Exception:
@@ -333,6 +313,7 @@ class Consumer:
 
     @property
     def stats(self) -> dict[str, int]:
+        """The engine's counters (see :attr:`ConsumerFace.stats`) and ``listener_failures``."""
         out = dict(self._engine.counters)
         out["listener_failures"] = self.failures
         return out
@@ -360,13 +341,12 @@ class Consumer:
                     self._engine.mark_returned_consumed()
                 self._engine.commit_now()
         finally:
-            self._reject.close()
+            self._engine.reject_policy.close()
             try:
                 self._lt.run(self._engine.shutdown(), timeout=10)
             finally:
                 self._lt.close()
-                if self._owns_store and self._engine.store is not None:
-                    self._engine.store.close()
+                self._close_store()
 
     def __enter__(self) -> Consumer:
         return self

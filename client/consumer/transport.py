@@ -80,11 +80,11 @@ class BrokerTransport:
     """:class:`ConsumerTransport` over real brokers (the client core's ``BrokerSet``)."""
 
     def __init__(self, servers: str | list[str], config: ConsumerConfig) -> None:
-        self.request_timeout = config.request_timeout_ms / 1000
+        self.request_timeout_s = config.request_timeout_ms / 1000
         self.brokers = BrokerSet(
             servers,
-            connect_timeout=config.connect_timeout_ms / 1000,
-            request_timeout=self.request_timeout,
+            connect_timeout_s=config.connect_timeout_ms / 1000,
+            request_timeout_s=self.request_timeout_s,
         )
 
     async def start(self) -> None:
@@ -100,7 +100,7 @@ class BrokerTransport:
         cmd = GetCommand(tp.topic, group, tp.partition, offset, max_size, 0, max_wait_ms or None)
         try:
             conn = await self.brokers.connection(tp.broker_id)
-            reply = await conn.request(cmd, self.request_timeout + max_wait_ms / 1000)
+            reply = await conn.request(cmd, self.request_timeout_s + max_wait_ms / 1000)
         except MetaClientError as e:
             return FetchReply(FetchStatus.ERROR, error=e)
         if isinstance(reply, ValueReply):
@@ -122,7 +122,7 @@ class BrokerTransport:
     async def nearest_offset(self, tp: TopicPartition, group: str, offset: int) -> int:
         conn = await self.brokers.connection(tp.broker_id)
         cmd = OffsetCommand(tp.topic, group, tp.partition, offset, 0)
-        reply = await conn.request(cmd, self.request_timeout)
+        reply = await conn.request(cmd, self.request_timeout_s)
         assert isinstance(reply, ResultReply)
         if reply.code == 404:
             return 0  # a configured partition nothing was written to yet: empty, starts at 0

@@ -16,9 +16,14 @@ from typing import Any
 from pymetaq.client.errors import ClientClosed, UnknownTopicOrPartition
 from pymetaq.client.producer.batch import BatchHandle, SendHandle
 from pymetaq.client.producer.config import ProducerConfig, make_config
-from pymetaq.client.producer.engine import PartitionArg, ProducerEngine, all_small_bytes
-from pymetaq.client.producer.sync import _shutdown
-from pymetaq.client.types import Partition, SendResult
+from pymetaq.client.producer.engine import PartitionArg, ProducerEngine
+from pymetaq.client.types import SendResult, TopicPartition
+
+
+def _not_published(topic: str) -> list[TopicPartition]:
+    raise UnknownTopicOrPartition(
+        f"topic {topic!r} not published yet: await producer.publish({topic!r}) first"
+    )
 
 
 class AsyncProducer:
@@ -34,7 +39,14 @@ class AsyncProducer:
     async def start(self) -> AsyncProducer:
         """Connect to the brokers (raises NoBrokerAvailable if none answers)."""
         loop = asyncio.get_running_loop()
-        engine = ProducerEngine(self._servers, self.config, loop, loop.create_future, False)
+        engine = ProducerEngine(
+            self._servers,
+            self.config,
+            loop,
+            loop.create_future,
+            threadsafe=False,
+            learn=_not_published,
+        )
         await engine.brokers.start()
         self._engine = engine
         return self
@@ -44,10 +56,9 @@ class AsyncProducer:
             raise ClientClosed("AsyncProducer not started: use 'async with' or await start()")
         return self._engine
 
-    async def publish(self, topic: str) -> list[Partition]:
+    async def publish(self, topic: str) -> list[TopicPartition]:
         """Fetch (and cache) a topic's partitions; ``send_nowait`` needs this done first."""
-        parts: list[Partition] = await self._require().brokers.partitions(topic)
-        return parts
+        return await self._require().brokers.partitions(topic)
 
     def send_nowait(
         self,
@@ -62,26 +73,7 @@ class AsyncProducer:
 
         The topic must be known (``await publish(topic)`` or an earlier ``await send``).
         """
-        return self._queue(topic, value, key, partition, attribute, False)
-
-    def _queue(
-        self,
-        topic: str,
-        value: bytes,
-        key: Any,
-        partition: PartitionArg,
-        attribute: str | None,
-        force: bool,
-    ) -> SendHandle:
-        engine = self._require()
-        value = engine.check(value)
-        parts = engine.brokers.cached_partitions(topic)
-        if parts is None:
-            raise UnknownTopicOrPartition(
-                f"topic {topic!r} not published yet: await producer.publish({topic!r}) first"
-            )
-        p = engine.select(topic, parts, value, key, partition, attribute)
-        return engine.acc.append(topic, p, value, attribute, force=force, block_s=0.0)
+        return self._require().send_async(topic, value, key, partition, attribute)
 
     def send_many(
         self,
@@ -93,19 +85,7 @@ class AsyncProducer:
         attribute: str | None = None,
     ) -> BatchHandle:
         """As :meth:`Producer.send_many` (the topic must be published); ``await`` the handle."""
-        engine = self._require()
-        values = (
-            [engine.check(v) for v in values]
-            if not all_small_bytes(values, self.config.max_message_bytes)
-            else values
-        )
-        parts = engine.brokers.cached_partitions(topic)
-        if parts is None:
-            raise UnknownTopicOrPartition(
-                f"topic {topic!r} not published yet: await producer.publish({topic!r}) first"
-            )
-        p = engine.select(topic, parts, values[0] if values else b"", key, partition, attribute)
-        return engine.acc.append_many(topic, p, values, attribute, block_s=0.0)
+        return self._require().send_many(topic, values, key, partition, attribute)
 
     async def send(
         self,
@@ -120,35 +100,29 @@ class AsyncProducer:
         engine = self._require()
         if engine.brokers.cached_partitions(topic) is None:
             await engine.brokers.partitions(topic)
-        return await self._queue(topic, value, key, partition, attribute, True)
+        return await engine.send_async(topic, value, key, partition, attribute, True)
 
     async def flush(self) -> None:
         """Send everything queued now and wait for it."""
         engine = self._require()
-        acc = engine.acc
-        with acc.cond:
-            acc.flushing += 1
-            batches = list(acc.incomplete.values())
+        futures = engine.begin_flush()
         try:
-            engine.sender.wake()
-            for b in batches:
-                fut = b.fut
+            for fut in futures:
                 assert isinstance(fut, asyncio.Future)
                 await fut
         finally:
-            with acc.cond:
-                acc.flushing -= 1
+            engine.end_flush()
 
     async def close(self) -> None:
+        """Flush (up to the delivery timeout), then close the connections."""
         engine = self._engine
         if engine is None or engine.closed:
             return
         try:
             await asyncio.wait_for(self.flush(), self.config.delivery_timeout_s)
-        except TimeoutError:
+        except TimeoutError:  # what is still unsent completes with ClientClosed below
             pass
-        engine.closed = True
-        await _shutdown(engine)
+        await engine.shutdown()
 
     async def __aenter__(self) -> AsyncProducer:
         return await self.start()

@@ -6,7 +6,7 @@ the asyncio face), completed exactly once with ``None``; the outcome (first id, 
 error) lives on the batch, so no "exception never retrieved" warning is possible.
 
 Handles are cheap views of a batch: a :class:`SendHandle` (one message: the batch, its index,
-the bytes before it) and a :class:`BatchHandle` (a ``send_many``: a list of segments, each a
+the bytes before it) and a :class:`BatchHandle` (a ``send_many``: a list of slices, each a
 run of consecutive messages in one batch). A result is computed on demand:
 ``msg_id = first_id + index``, ``offset = batch_offset + bytes before it``; in an lz4 batch
 every message shares the outer record's offset and id.
@@ -34,7 +34,8 @@ from functools import partial
 from typing import Any
 
 from pymetaq.client.errors import MetaClientError
-from pymetaq.client.types import Partition, SendResult
+from pymetaq.client.types import SendResult, TopicPartition
+from pymetaq.storage.record import HEADER_SIZE
 
 AnyFuture = concurrent.futures.Future[None] | asyncio.Future[None]
 
@@ -59,15 +60,14 @@ class Batch:
         "nbytes",
         "offset",
         "open",
-        "partition",
         "parts",
         "sent_at",
-        "topic",
+        "tp",
+        "written",
     )
 
-    def __init__(self, topic: str, partition: Partition, fut: AnyFuture, now: float) -> None:
-        self.topic = topic
-        self.partition = partition
+    def __init__(self, tp: TopicPartition, fut: AnyFuture, now: float) -> None:
+        self.tp = tp
         self.fut = fut
         self.parts: list[bytes] = []
         self.nbytes = 0
@@ -82,6 +82,8 @@ class Batch:
         self.offset = -1
         self.sent_at = 0.0
         self.error: MetaClientError | None = None
+        #: an attempt's request was written and then got no answer: it may have been stored
+        self.written = False
         self.callbacks: list[Callable[[], object]] | None = []  # None once completed
 
     def add_callback(self, fn: Callable[[], object]) -> None:
@@ -106,24 +108,24 @@ class Batch:
                 log.exception("send callback %r raised", fn)
 
     def __repr__(self) -> str:
-        return f"Batch({self.topic}@{self.partition.key}, count={self.count}, bytes={self.nbytes})"
+        return f"Batch({self.tp}, count={self.count}, bytes={self.nbytes})"
 
     def result_for(self, index: int, rel: int) -> SendResult:
-        p = self.partition
+        tp = self.tp
         if self.error is not None:
-            return SendResult(False, p.partition, -1, -1, self.error, p.broker_id, self.topic)
+            return SendResult(False, tp.partition, -1, -1, self.error, tp.broker_id, tp.topic)
         if self.compressed:
             return SendResult(
-                True, p.partition, self.offset, self.first_id, None, p.broker_id, self.topic
+                True, tp.partition, self.offset, self.first_id, None, tp.broker_id, tp.topic
             )
         return SendResult(
             True,
-            p.partition,
+            tp.partition,
             self.offset + rel,
             self.first_id + index,
             None,
-            p.broker_id,
-            self.topic,
+            tp.broker_id,
+            tp.topic,
         )
 
 
@@ -184,11 +186,11 @@ class SendHandle:
         return self._batch.result_for(self._index, self._rel)
 
 
-class Segment:
+class BatchSlice:
     """Consecutive messages of one ``send_many`` inside one batch.
 
     ``items`` are the values (or whole records); an item's record size is
-    ``20 + extra + len(item)`` (``extra``: the attribute bytes, or -20 for whole records).
+    ``HEADER_SIZE + extra + len(item)`` (``extra``: the attribute bytes, or ``-HEADER_SIZE`` for whole records).
     """
 
     __slots__ = ("batch", "extra", "first_index", "first_rel", "items")
@@ -206,19 +208,19 @@ class Segment:
 class BatchHandle:
     """The future of a ``send_many``: ``result(timeout)`` -> one SendResult per message."""
 
-    __slots__ = ("_segments",)
+    __slots__ = ("_slices",)
 
-    def __init__(self, segments: list[Segment]) -> None:
-        self._segments = segments
+    def __init__(self, slices: list[BatchSlice]) -> None:
+        self._slices = slices
 
     def _batches(self) -> list[Batch]:
         seen: dict[int, Batch] = {}
-        for s in self._segments:
+        for s in self._slices:
             seen.setdefault(id(s.batch), s.batch)
         return list(seen.values())
 
     def done(self) -> bool:
-        return all(s.batch.fut.done() for s in self._segments)
+        return all(s.batch.fut.done() for s in self._slices)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for every batch; True if all succeeded (raises TimeoutError if waiting ran out)."""
@@ -258,8 +260,8 @@ class BatchHandle:
     def result(self, timeout: float | None = None) -> list[SendResult]:
         self.wait(timeout)
         out: list[SendResult] = []
-        for s in self._segments:
-            b, index, rel, add = s.batch, s.first_index, s.first_rel, 20 + s.extra
+        for s in self._slices:
+            b, index, rel, add = s.batch, s.first_index, s.first_rel, HEADER_SIZE + s.extra
             for item in s.items:
                 out.append(b.result_for(index, rel))
                 index += 1

@@ -8,7 +8,7 @@ with OrderedProducer("meta://127.0.0.1:8123", spool_dir="/var/spool/app") as p:
 
 * **The partition list is pinned.** It is learned once per topic (or given as
   ``layout={"topic": "0:4;1:2"}``, MetaQ's ``brokerId:numPartitions;...`` syntax, or a list of
-  :class:`Partition`) and never shrinks when a broker goes away, so a key always maps to the
+  :class:`~pymetaq.client.types.TopicPartition`) and never shrinks when a broker goes away, so a key always maps to the
   same partition (``crc32(key) % n``, or ``partition=`` explicitly; one of the two is required).
   With every broker down and no ``layout`` for a topic never seen, ``send`` raises
   :class:`NoBrokerAvailable` (there is no partition list to pin).
@@ -43,32 +43,38 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pymetaq.client.errors import ClientClosed, RequestTimeout
+from pymetaq.client.errors import ClientClosed, MayBeStoredTimeout
 from pymetaq.client.producer.config import ProducerConfig
 from pymetaq.client.producer.partitioner import key_bytes, key_hash_index, resolve_explicit
 from pymetaq.client.producer.sync import Producer
 from pymetaq.client.spool import Spool, SpoolConfig
 from pymetaq.client.transport.records import build_record
-from pymetaq.client.types import Partition, SendResult
+from pymetaq.client.types import SendResult, TopicPartition
 
 log = logging.getLogger(__name__)
 
-LayoutArg = str | int | Sequence[Partition | str]
+LayoutArg = str | int | Sequence[TopicPartition | str]
 
 
-def parse_layout(spec: LayoutArg) -> list[Partition]:
-    """``"0:4;1:2"`` (MetaQ) / ``["0-0", Partition(0, 1)]`` / ``4`` (broker 0) -> sorted list."""
+def parse_layout(topic: str, spec: LayoutArg) -> list[TopicPartition]:
+    """``"0:4;1:2"`` (MetaQ) / ``["0-0", TopicPartition(t, 0, 1)]`` / ``4`` (broker 0) ->
+    the topic's sorted partition list."""
     if isinstance(spec, int):
-        return [Partition(0, i) for i in range(spec)]
+        return [TopicPartition(topic, 0, i) for i in range(spec)]
     if isinstance(spec, str):
-        parts: list[Partition] = []
+        parts: list[TopicPartition] = []
         for item in filter(None, (x.strip() for x in spec.split(";"))):
             broker, sep, count = item.partition(":")
             if not sep:
                 raise ValueError(f"bad layout item {item!r}: expected brokerId:numPartitions")
-            parts += [Partition(int(broker), i) for i in range(int(count))]
+            parts += [TopicPartition(topic, int(broker), i) for i in range(int(count))]
         return sorted(parts)
-    return sorted(p if isinstance(p, Partition) else Partition.parse(p) for p in spec)
+    return sorted(
+        TopicPartition(topic, p.broker_id, p.partition)
+        if isinstance(p, TopicPartition)
+        else TopicPartition.from_key(topic, p)
+        for p in spec
+    )
 
 
 class _PartitionState:
@@ -99,10 +105,10 @@ class OrderedProducer:
         self.spool_dir = Path(spool_dir)
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         self._spool_cfg = SpoolConfig(fsync=spool_fsync)
-        self._layouts: dict[str, list[Partition]] = {
-            t: parse_layout(v) for t, v in (layout or {}).items()
+        self._layouts: dict[str, list[TopicPartition]] = {
+            t: parse_layout(t, v) for t, v in (layout or {}).items()
         }
-        self._states: dict[tuple[str, Partition], _PartitionState] = {}
+        self._states: dict[TopicPartition, _PartitionState] = {}
         self._states_lock = threading.Lock()
         self._interval = recover_interval_ms / 1000.0
         self._wake = threading.Event()
@@ -116,7 +122,7 @@ class OrderedProducer:
 
     # -- partitions and spools ---------------------------------------------------------------
 
-    def partitions(self, topic: str) -> list[Partition]:
+    def partitions(self, topic: str) -> list[TopicPartition]:
         """The topic's pinned partition list (learned from the brokers on first use)."""
         parts = self._layouts.get(topic)
         if parts is None:
@@ -124,17 +130,16 @@ class OrderedProducer:
             self._layouts[topic] = parts
         return parts
 
-    def _state(self, topic: str, partition: Partition) -> _PartitionState:
-        key = (topic, partition)
-        st = self._states.get(key)
+    def _state(self, tp: TopicPartition) -> _PartitionState:
+        st = self._states.get(tp)
         if st is None:
             with self._states_lock:
-                st = self._states.setdefault(key, _PartitionState())
+                st = self._states.setdefault(tp, _PartitionState())
         return st
 
-    def _spool(self, topic: str, partition: Partition, st: _PartitionState) -> Spool:
+    def _spool(self, tp: TopicPartition, st: _PartitionState) -> Spool:
         if st.spool is None:
-            st.spool = Spool.for_producer(self.spool_dir, topic, partition.key, self._spool_cfg)
+            st.spool = Spool.for_producer(self.spool_dir, tp.topic, tp.key, self._spool_cfg)
         return st.spool
 
     def _open_existing_spools(self) -> None:
@@ -143,27 +148,28 @@ class OrderedProducer:
             if not d.is_dir() or not sep:
                 continue
             try:
-                partition = Partition.parse(pkey)
+                tp = TopicPartition.from_key(topic, pkey)
             except ValueError:
+                log.warning("ignoring %s: not a <topic>@<brokerId>-<partition> spool", d)
                 continue
-            st = self._state(topic, partition)
-            spool = self._spool(topic, partition, st)
+            st = self._state(tp)
+            spool = self._spool(tp, st)
             if len(spool):
                 log.info("found %d spooled messages for %s@%s", len(spool), topic, pkey)
 
     def backlog(self, topic: str | None = None) -> int:
         """Messages waiting in the spools (of one topic, or all)."""
         total = 0
-        for (t, _), st in list(self._states.items()):
-            if st.spool is not None and (topic is None or t == topic):
+        for tp, st in list(self._states.items()):
+            if st.spool is not None and (topic is None or tp.topic == topic):
                 total += len(st.spool)
         return total
 
     # -- sending -------------------------------------------------------------------------
 
     def _choose(
-        self, topic: str, key: bytes | str | None, partition: int | str | Partition | None
-    ) -> Partition:
+        self, topic: str, key: bytes | str | None, partition: int | str | TopicPartition | None
+    ) -> TopicPartition:
         parts = self.partitions(topic)
         if partition is not None:
             return parts[resolve_explicit(topic, parts, partition)]
@@ -180,85 +186,91 @@ class OrderedProducer:
         value: bytes,
         *,
         key: bytes | str | None = None,
-        partition: int | str | Partition | None = None,
+        partition: int | str | TopicPartition | None = None,
         attribute: str | None = None,
     ) -> SendResult:
         """Send in order to the key's (or given) partition; spool it if the partition is down."""
         if self._closed:
             raise ClientClosed("ordered producer is closed")
-        p = self._choose(topic, key, partition)
-        st = self._state(topic, p)
+        tp = self._choose(topic, key, partition)
+        st = self._state(tp)
         with st.lock:
             if st.spool is not None and len(st.spool):
-                return self._to_spool(topic, p, st, value, attribute)
-            handle = self._producer._send_to(topic, p, value, attribute)
+                return self._to_spool(tp, st, value, attribute)
+            handle = self._producer._engine.send_to(tp, value, attribute)
             try:
                 result = handle.result(self.config.delivery_timeout_s)
             except TimeoutError:
-                err = RequestTimeout(f"{topic}@{p.key}: no ack in time; it may still be stored")
-                result = SendResult(False, p.partition, -1, -1, err, p.broker_id, topic)
+                err = MayBeStoredTimeout(f"send to {tp} (no ack in time)")
+                result = SendResult(False, tp.partition, -1, -1, err, tp.broker_id, topic)
             if result.success or result.error is None or not result.error.retriable:
                 return result
-            log.info("%s@%s unavailable (%s): spooling", topic, p.key, result.error)
-            return self._to_spool(topic, p, st, value, attribute)
+            log.info("%s unavailable (%s): spooling", tp, result.error)
+            return self._to_spool(tp, st, value, attribute)
 
     def _to_spool(
-        self, topic: str, p: Partition, st: _PartitionState, value: bytes, attribute: str | None
+        self, tp: TopicPartition, st: _PartitionState, value: bytes, attribute: str | None
     ) -> SendResult:
-        self._spool(topic, p, st).append(
-            build_record(value, attribute), topic=topic, partition=p.partition
+        self._spool(tp, st).append(
+            build_record(value, attribute), topic=tp.topic, partition=tp.partition
         )
         self._wake.set()
-        return SendResult(True, p.partition, -1, -1, None, p.broker_id, topic, spooled=True)
+        return SendResult(True, tp.partition, -1, -1, None, tp.broker_id, tp.topic, spooled=True)
 
     # -- draining ------------------------------------------------------------------------
 
     def _drain_loop(self) -> None:
         while not self._closed:
             progress = False
-            for (topic, p), st in list(self._states.items()):
+            for tp, st in list(self._states.items()):
                 if self._closed:
                     return
                 if st.spool is not None and len(st.spool):
                     try:
-                        progress |= self._drain_one(topic, p, st)
-                    except Exception:  # never let the drain thread die
-                        log.exception("draining %s@%s failed", topic, p.key)
+                        progress |= self._drain_one(tp, st)
+                    except Exception:  # never let the drain thread die; logged with the cause
+                        log.exception("draining %s failed", tp)
             if not progress:
                 self._wake.wait(self._interval)
                 self._wake.clear()
 
-    def _drain_one(self, topic: str, p: Partition, st: _PartitionState) -> bool:
+    def _drain_one(self, tp: TopicPartition, st: _PartitionState) -> bool:
         """Send the head of one backlog; True if something was acknowledged."""
         spool = st.spool
         assert spool is not None
         entries = spool.pending()[: self.config.batch_messages]
         if not entries:
             return False
-        handle = self._producer._send_records(topic, p, [e.record for e in entries])
+        handle = self._producer._engine.send_records(tp, [e.record for e in entries])
         try:
             ok = handle.wait(self.config.delivery_timeout_s)
         except TimeoutError:
             return False
         if not ok:
-            log.debug("drain of %s@%s failed: %s", topic, p.key, handle.errors)
+            log.debug("drain of %s failed: %s", tp, handle.errors)
             return False
         for e in entries:
             spool.remove(e.key)
-        with self._progress:
-            self._progress.notify_all()
+        self._notify_progress()
         return True
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every spool is empty (True) or ``timeout`` passes (False)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _notify_progress(self) -> None:
+        with self._progress:
+            self._progress.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every spool is empty (True) or ``timeout_s`` passes (False).
+
+        Event-driven: the drain thread is woken at once and notifies after every acknowledged
+        backlog batch (no polling)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._progress:
             while self.backlog():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
                 self._wake.set()
-                self._progress.wait(0.05 if left is None else min(left, 0.05))
+                self._progress.wait(left)
         return True
 
     def close(self) -> None:

@@ -4,8 +4,8 @@ A topic's partitions are the list sorted by (broker_id, partition) that ``Broker
 The producer picks one per message, in this order of precedence:
 
 1. ``partition=`` given to ``send``: an ``int`` index into that sorted list, a
-   :class:`Partition`, or a ``"<brokerId>-<partition>"`` key string (:func:`resolve_explicit`).
-2. a user callable ``partitioner(topic, partitions, message) -> int | Partition`` (the index or
+   :class:`~pymetaq.client.types.TopicPartition`, or a ``"<brokerId>-<partition>"`` key string (:func:`resolve_explicit`).
+2. a user callable ``partitioner(topic, partitions, message) -> int | TopicPartition`` (the index or
    the partition itself); ``message`` is an :class:`OutgoingMessage`.
 3. ``key=`` given: **key hash** - ``zlib.crc32(key_bytes) % len(partitions)`` (``str`` keys
    are UTF-8 encoded). Stable in every process and every run (never Python's ``hash()``),
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from pymetaq.client.errors import UnknownTopicOrPartition
-from pymetaq.client.types import Partition
+from pymetaq.client.types import TopicPartition
 
 
 class OutgoingMessage(NamedTuple):
@@ -38,7 +38,7 @@ class OutgoingMessage(NamedTuple):
     attribute: str | None
 
 
-PartitionerFn = Callable[[str, Sequence[Partition], OutgoingMessage], "int | Partition"]
+PartitionerFn = Callable[[str, Sequence[TopicPartition], OutgoingMessage], "int | TopicPartition"]
 
 
 def key_bytes(key: bytes | str | None) -> bytes | None:
@@ -83,18 +83,21 @@ def make_strategy(name: str) -> Callable[[int], int]:
 
 
 def resolve_explicit(
-    topic: str, partitions: Sequence[Partition], partition: int | str | Partition
+    topic: str, partitions: Sequence[TopicPartition], partition: int | str | TopicPartition
 ) -> int:
     """Index of an explicitly requested partition in the sorted list."""
     if isinstance(partition, bool):
-        raise TypeError("partition must be an int index, a Partition or a 'b-p' key")
+        raise TypeError("partition must be an int index, a TopicPartition or a 'b-p' key")
     if isinstance(partition, int):
         if 0 <= partition < len(partitions):
             return partition
         raise UnknownTopicOrPartition(
             f"topic {topic!r} has {len(partitions)} partitions; index {partition} is out of range"
         )
-    target = Partition.parse(partition) if isinstance(partition, str) else partition
+    if isinstance(partition, str):
+        target = TopicPartition.from_key(topic, partition)
+    else:
+        target = TopicPartition(topic, partition.broker_id, partition.partition)
     for i, p in enumerate(partitions):
         if p == target:
             return i
@@ -102,11 +105,11 @@ def resolve_explicit(
 
 
 def resolve_custom(
-    fn: PartitionerFn, topic: str, partitions: Sequence[Partition], message: OutgoingMessage
+    fn: PartitionerFn, topic: str, partitions: Sequence[TopicPartition], message: OutgoingMessage
 ) -> int:
     """Run a user partitioner and validate what it returns."""
     choice = fn(topic, partitions, message)
-    if isinstance(choice, Partition):
+    if isinstance(choice, TopicPartition):
         return resolve_explicit(topic, partitions, choice)
     if isinstance(choice, int) and not isinstance(choice, bool) and 0 <= choice < len(partitions):
         return choice

@@ -16,30 +16,29 @@ first sends that next batch, then runs the acked batch's callbacks.
 
 A failed batch is retried (same partition, after ``retry_backoff_ms``, at the head of its
 queue) while the error is retriable and attempts remain; otherwise every message in it
-completes with ``success=False`` and the error. Connection failures and timeouts also drop the
-topic's cached partition list so the next selection re-reads metadata (partitions of brokers
-that cannot be reached are left out of a fresh list).
+completes with ``success=False`` and the error — a :class:`MessageMayBeStored` if any attempt
+was written to the broker and got no answer (a timeout, a connection lost after the write).
+An error with ``invalid_metadata`` also refreshes the topic's partition list in the background
+(partitions of brokers that cannot be reached are left out of a fresh list).
 
-Thread-safety: loop thread only (touches the accumulator under its lock).
+Thread-safety: loop thread only (it uses the accumulator's API, never its lock or queues).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections import defaultdict, deque
 from dataclasses import dataclass
 from functools import partial
 
 from pymetaq.client.errors import (
+    BrokerError,
     ClientClosed,
     ConnectionLost,
     MetaClientError,
-    NoBrokerAvailable,
-    RequestTimeout,
     error_for_reply,
+    may_be_stored,
 )
 from pymetaq.client.producer.accumulator import Accumulator, Batch
 from pymetaq.client.protocol import BatchPutCommand, ResultReply
@@ -65,32 +64,31 @@ class Sender:
     """Moves due batches from the accumulator to the brokers (see the module docstring)."""
 
     def __init__(
-        self,
-        config: SenderConfig,
-        brokers: BrokerSet,
-        acc: Accumulator,
-        loop: asyncio.AbstractEventLoop,
+        self, config: SenderConfig, brokers: BrokerSet, loop: asyncio.AbstractEventLoop
     ) -> None:
         self.cfg = config
         self.brokers = brokers
-        self.acc = acc
         self.loop = loop
         self._part_limit = 1 if config.retries > 0 else config.max_in_flight
-        # shared with the accumulator (read there under its lock to skip needless wake-ups)
-        self._broker_inflight: defaultdict[int, int] = acc.broker_inflight
-        self._part_inflight: defaultdict[tuple[str, object], int] = defaultdict(int)
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._closing: MetaClientError | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.acc: Accumulator  # set by attach()
+
+    def attach(self, acc: Accumulator) -> None:
+        """The accumulator to drain (it wakes this sender, so it is created after it)."""
+        self.acc = acc
 
     # -- scheduling ----------------------------------------------------------------------
 
     def wake_threadsafe(self) -> None:
         """Called by the accumulator from any thread (a no-op once the loop is closed)."""
-        with contextlib.suppress(RuntimeError):
+        try:
             self.loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the loop is closed: the producer was closed meanwhile
+            log.debug("sender wake-up after the producer's loop closed (ignored)")
 
     def wake(self) -> None:
         """Called on the loop thread."""
@@ -102,29 +100,10 @@ class Sender:
         self._scheduled = False
         acc = self.acc
         acc.take_wake()
-        now = time.monotonic()
-        to_send: list[Batch] = []
-        next_due: float | None = None
-        max_inflight = self.cfg.max_in_flight
-        with acc.cond:
-            for key, q in acc.iter_heads():
-                broker_id = key[1].broker_id
-                while q:
-                    b = q[0]
-                    if self._part_inflight[key] >= self._part_limit:
-                        break
-                    if self._broker_inflight[broker_id] >= max_inflight:
-                        break
-                    if len(q) == 1 and not acc.is_due(b, now):
-                        due_at = b.created + acc.linger_s
-                        next_due = due_at if next_due is None else min(next_due, due_at)
-                        break
-                    q.popleft()
-                    b.open = False
-                    self._part_inflight[key] += 1
-                    self._broker_inflight[broker_id] += 1
-                    to_send.append(b)
-        for b in to_send:
+        batches, next_due = acc.drain_due(
+            time.monotonic(), self.cfg.max_in_flight, self._part_limit
+        )
+        for b in batches:
             self._send(b)
         if next_due is not None:
             self._arm(next_due)
@@ -149,7 +128,7 @@ class Sender:
         if self._closing is not None:
             self._finish(b, self._closing)
             return
-        conn = self.brokers.cached_connection(b.partition.broker_id)
+        conn = self.brokers.cached_connection(b.tp.broker_id)
         if conn is None:
             task = self.loop.create_task(self._connect_then_send(b))
             self._tasks.add(task)
@@ -159,11 +138,12 @@ class Sender:
 
     async def _connect_then_send(self, b: Batch) -> None:
         try:
-            conn = await self.brokers.connection(b.partition.broker_id)
+            conn = await self.brokers.connection(b.tp.broker_id)
         except MetaClientError as e:
             self._failed(b, e)
             return
-        except Exception as e:  # pragma: no cover - defensive: never lose a batch
+        except Exception as e:  # never lose a batch: report it as failed, with the cause
+            log.exception("connecting for %r failed unexpectedly", b)
             self._failed(b, ConnectionLost(repr(e)))
             return
         self._write(conn, b)
@@ -177,25 +157,28 @@ class Sender:
             b.body = body
             b.parts = []
         cmd = BatchPutCommand(
-            b.topic,
-            b.partition.partition,
+            b.tp.topic,
+            b.tp.partition,
             b.body,
             1 if b.compressed else b.count,
             checksum(b.body) if self.cfg.body_checksum else None,
         )
         b.sent_at = time.monotonic()
+        written = not conn.closed  # a closed connection fails the request without writing
         # on_done: the reply completes the batch from the reply handler itself, not one loop
         # iteration later (a done-callback is scheduled with call_soon)
-        conn.send_request(cmd, self.cfg.request_timeout_s, on_done=partial(self._on_reply, b))
+        conn.send_request(
+            cmd, self.cfg.request_timeout_s, on_done=partial(self._on_reply, b, written)
+        )
 
-    def _on_reply(self, b: Batch, fut: asyncio.Future[Reply]) -> None:
+    def _on_reply(self, b: Batch, written: bool, fut: asyncio.Future[Reply]) -> None:
         if fut.cancelled():
-            self._failed(b, ConnectionLost("request cancelled"))
+            self._failed(b, ConnectionLost("request cancelled"), written)
             return
         exc = fut.exception()
         if exc is not None:
             err = exc if isinstance(exc, MetaClientError) else ConnectionLost(repr(exc))
-            self._failed(b, err)
+            self._failed(b, err, written)
             return
         reply = fut.result()
         if not isinstance(reply, ResultReply):
@@ -217,46 +200,41 @@ class Sender:
         slot is free now), then run its callbacks, so their cost overlaps the next trip."""
         if b.fut.done():  # already aborted by close()
             return
-        self._release_slot(b)
         b.body = None
+        b.error = None
+        self.acc.finished(b)
         self._run()
         b.complete()
-        self.acc.release(b)
 
-    def _failed(self, b: Batch, err: MetaClientError) -> None:
-        if isinstance(err, (ConnectionLost, NoBrokerAvailable, RequestTimeout)):
-            self.brokers.invalidate(b.topic)
+    def _failed(self, b: Batch, err: MetaClientError, written: bool = False) -> None:
+        """An attempt failed. ``written``: its request went out and got no answer (no reply,
+        connection lost), so the broker may have stored it."""
+        if written and not isinstance(err, BrokerError):  # a reply is a definite answer
+            b.written = True
+        if err.invalid_metadata:
+            self.brokers.invalidate(b.tp.topic)
         if err.retriable and b.attempts <= self.cfg.retries and self._closing is None:
             log.debug("retrying %r after %s (attempt %d)", b, err, b.attempts)
             self.loop.call_later(self.cfg.retry_backoff_s, self._requeue, b)
             return
+        if b.written:
+            err = may_be_stored(f"send to {b.tp} ({b.count} messages)", err)
         self._finish(b, err)
 
     def _requeue(self, b: Batch) -> None:
         if self._closing is not None:
             self._finish(b, self._closing)
             return
-        key = (b.topic, b.partition)
-        with self.acc.cond:
-            q = self.acc.queues.setdefault(key, deque())
-            q.appendleft(b)
-        self._release_slot(b)
+        self.acc.reenqueue(b)
         self.wake()
 
-    def _release_slot(self, b: Batch) -> None:
-        key = (b.topic, b.partition)
-        with self.acc.lock:
-            self._part_inflight[key] -= 1
-            self._broker_inflight[b.partition.broker_id] -= 1
-
-    def _finish(self, b: Batch, err: MetaClientError | None) -> None:
+    def _finish(self, b: Batch, err: MetaClientError) -> None:
         if b.fut.done():  # already aborted by close()
             return
         b.error = err
-        self._release_slot(b)
         b.body = None
+        self.acc.finished(b)
         b.complete()
-        self.acc.release(b)
         self.wake()
 
     # -- shutdown ------------------------------------------------------------------------
@@ -264,24 +242,20 @@ class Sender:
     def fail_queued(self, err: MetaClientError) -> None:
         """Complete every batch still queued (not in flight) with ``err``; stop retrying."""
         self._closing = err if isinstance(err, ClientClosed) else ClientClosed(str(err))
-        with self.acc.cond:
-            queued = [b for _, q in self.acc.iter_heads() for b in q]
-            for q in self.acc.queues.values():
-                q.clear()
-        for b in queued:
+        for b in self.acc.take_queued():
             b.error = self._closing
+            self.acc.finished(b, in_flight=False)
             b.complete()
-            self.acc.release(b)
         if self._timer is not None:
             self._timer.cancel()
 
     def abort_all(self, err: MetaClientError) -> None:
         """close(): fail queued batches and every batch still in flight or backing off."""
         self.fail_queued(err)
-        for b in self.acc.snapshot_incomplete():
+        for b in self.acc.incomplete():
             if not b.fut.done():
                 b.error = self._closing
+                self.acc.finished(b, in_flight=False)
                 b.complete()
-                self.acc.release(b)
         for task in list(self._tasks):
             task.cancel()

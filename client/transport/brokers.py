@@ -19,8 +19,8 @@ Thread-safety: a BrokerSet belongs to one event loop; call it only from that loo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pymetaq.client.errors import (
@@ -37,7 +37,7 @@ from pymetaq.client.transport.connection import (
     raise_for_reply,
 )
 from pymetaq.client.transport.servers import parse_servers, parse_stats
-from pymetaq.client.types import Partition
+from pymetaq.client.types import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ class BrokerSet:
         self,
         servers: str | list[str] | list[tuple[str, int]],
         *,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
-        request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         metadata_max_age_s: float = 30.0,
     ) -> None:
         pairs: list[tuple[str, int]] = []
@@ -76,10 +76,10 @@ class BrokerSet:
         else:
             pairs = parse_servers(servers)  # type: ignore[arg-type,unused-ignore]
         self._brokers = [_Broker(h, p) for h, p in pairs]
-        self.connect_timeout = connect_timeout
-        self.request_timeout = request_timeout
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
         self.metadata_max_age_s = metadata_max_age_s
-        self._topics: dict[str, list[Partition]] = {}
+        self._topics: dict[str, list[TopicPartition]] = {}
         self._refreshing: set[str] = set()
         self._tasks: set[asyncio.Future[None]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -107,9 +107,13 @@ class BrokerSet:
         async with b.lock:
             if b.conn is not None and not b.conn.closed:
                 return b.conn
-            conn = await BrokerConnection.open(b.host, b.port, connect_timeout=self.connect_timeout)
+            conn = await BrokerConnection.open(
+                b.host, b.port, connect_timeout_s=self.connect_timeout_s
+            )
             try:
-                reply = raise_for_reply(await conn.request(stats_command(""), self.request_timeout))
+                reply = raise_for_reply(
+                    await conn.request(stats_command(""), self.request_timeout_s)
+                )
                 assert isinstance(reply, ResultReply)
                 stats = parse_stats(reply.body)
                 broker_id = int(stats["broker_id"])
@@ -148,7 +152,13 @@ class BrokerSet:
                 return b.conn
         return None
 
-    def cached_partitions(self, topic: str) -> list[Partition] | None:
+    @property
+    def partition_cache(self) -> Mapping[str, list[TopicPartition]]:
+        """The cached partition lists by topic (a read-only view; any thread, no I/O): the
+        producer's hot path reads it with ``.get`` instead of calling :meth:`cached_partitions`."""
+        return self._topics
+
+    def cached_partitions(self, topic: str) -> list[TopicPartition] | None:
         """The topic's cached partition list, or None if never fetched (a dict read; any thread).
 
         Staleness costs nothing here: the loop refreshes a list in the background when it is
@@ -191,7 +201,7 @@ class BrokerSet:
         loop = asyncio.get_running_loop()
         self._timers[topic] = loop.call_later(delay, self._schedule_refresh, topic)
 
-    async def partitions(self, topic: str, *, refresh: bool = False) -> list[Partition]:
+    async def partitions(self, topic: str, *, refresh: bool = False) -> list[TopicPartition]:
         """The topic's partitions over all reachable brokers, sorted by (broker_id, partition)."""
         if not refresh:
             cached = self._topics.get(topic)
@@ -200,13 +210,13 @@ class BrokerSet:
         counts = await asyncio.gather(
             *(self._topic_count(b, topic) for b in self._brokers), return_exceptions=True
         )
-        parts: list[Partition] = []
+        parts: list[TopicPartition] = []
         errors: list[str] = []
         for b, n in zip(self._brokers, counts):
             if isinstance(n, BaseException):
                 errors.append(f"{b.address}: {n}")
             elif b.broker_id is not None:
-                parts.extend(Partition(b.broker_id, p) for p in range(n))
+                parts.extend(TopicPartition(topic, b.broker_id, p) for p in range(n))
         if not parts:
             if errors and len(errors) == len(self._brokers):
                 raise NoBrokerAvailable(
@@ -220,7 +230,7 @@ class BrokerSet:
 
     async def _topic_count(self, b: _Broker, topic: str) -> int:
         conn = await self._ensure(b)
-        reply = raise_for_reply(await conn.request(stats_command(topic), self.request_timeout))
+        reply = raise_for_reply(await conn.request(stats_command(topic), self.request_timeout_s))
         assert isinstance(reply, ResultReply)
         stats = parse_stats(reply.body)
         if "partitions" in stats:
@@ -237,6 +247,5 @@ class BrokerSet:
         self._timers.clear()
         for b in self._brokers:
             if b.conn is not None:
-                with contextlib.suppress(Exception):
-                    b.conn.close()
+                b.conn.close()  # never raises: fails its pending requests, closes the transport
                 b.conn = None

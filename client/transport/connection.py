@@ -1,29 +1,24 @@
-"""One asyncio TCP connection to one broker, and the loop thread behind the synchronous faces.
+"""One asyncio TCP connection to one broker.
 
 ``BrokerConnection`` wraps the sans-I/O codec (``Parser(Role.CLIENT)`` + ``encode``) in an
 ``asyncio.Protocol``. Requests are pipelined: each gets the next opaque (a signed 32-bit
 counter, 1 .. 2**31 - 2, wrapping; ``2**31 - 1`` is what MetaQ uses for an opaque-less
 ``stats``) and the reply is matched by its opaque, so replies may arrive in any order.
 
-* ``send_request(cmd, timeout, on_done=None)`` writes at once and returns an
+* ``send_request(cmd, timeout_s, on_done=None)`` writes at once and returns an
   ``asyncio.Future`` (no coroutine per request: the producer's sender uses it to keep many
   batches in flight). ``on_done(fut)``, if given, is called with the future as soon as it is
   settled (reply, timeout or failure), directly from the reply handler, one loop iteration
   earlier than a done-callback (which asyncio schedules with ``call_soon``).
-* ``await request(cmd, timeout)`` is the same, awaited. Both return the raw
+* ``await request(cmd, timeout_s)`` is the same, awaited. Both return the raw
   ``ResultReply``/``ValueReply``; :func:`raise_for_reply` turns a non-200 into an exception.
 * A timeout fails that request with :class:`RequestTimeout` (a late reply is dropped).
 * A lost connection, a fatal protocol error or ``close()`` fails every pending request with
   :class:`ConnectionLost` (retriable); the connection is then unusable (``closed`` is True).
 * ``await drain()`` waits while the transport's write buffer is above its high-water mark.
 
-``LoopThread`` runs an asyncio loop in a daemon thread: ``submit(coro)`` ->
-``concurrent.futures.Future``, ``run(coro, timeout)``, ``call_soon(fn, ...)``, ``close()``.
-Each synchronous client (Producer, Consumer) owns one LoopThread and closes it in ``close()``
-(no process-wide shared loop: a client's close never disturbs another client).
-
 Thread-safety: ``BrokerConnection`` belongs to the loop it was opened on (call it only from that
-loop). ``LoopThread`` methods are thread-safe.
+loop).
 """
 
 from __future__ import annotations
@@ -130,10 +125,10 @@ class BrokerConnection:
         host: str,
         port: int,
         *,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         limits: Limits | None = None,
     ) -> BrokerConnection:
-        """Connect (raises :class:`NoBrokerAvailable` on refusal or after ``connect_timeout``).
+        """Connect (raises :class:`NoBrokerAvailable` on refusal or after ``connect_timeout_s``).
 
         ``limits`` bounds reply sizes (default: a 1 MiB ``maxTransferSize``); a consumer that
         fetches more per ``get`` passes ``Limits.for_transfer_size(n)``.
@@ -141,7 +136,7 @@ class BrokerConnection:
         loop = asyncio.get_running_loop()
         conn = cls(host, port, loop, limits)
         try:
-            async with asyncio.timeout(connect_timeout):
+            async with asyncio.timeout(connect_timeout_s):
                 transport, _ = await loop.create_connection(lambda: _Protocol(conn), host, port)
         except TimeoutError:
             raise NoBrokerAvailable(f"connect to {host}:{port} timed out") from None
@@ -174,7 +169,7 @@ class BrokerConnection:
     def send_request(
         self,
         cmd: Any,
-        timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+        timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
         on_done: Callable[[asyncio.Future[Reply]], object] | None = None,
     ) -> asyncio.Future[Reply]:
         """Write ``cmd`` (its ``opaque`` is replaced) and return the future of its reply;
@@ -190,8 +185,8 @@ class BrokerConnection:
         self._pending[op] = fut
         if on_done is not None:
             self._on_done[op] = on_done
-        if timeout is not None:
-            self._timers[op] = self._loop.call_later(timeout, self._expire, op, timeout)
+        if timeout_s is not None:
+            self._timers[op] = self._loop.call_later(timeout_s, self._expire, op, timeout_s)
         if len(body) < _JOIN_BELOW:
             self._transport.write(line + body if body else line)
         else:  # a big body is written as is (no copy) after its line
@@ -199,9 +194,9 @@ class BrokerConnection:
             self._transport.write(body)
         return fut
 
-    async def request(self, cmd: Any, timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> Reply:
+    async def request(self, cmd: Any, timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S) -> Reply:
         """Send ``cmd`` and wait for its reply (raises RequestTimeout / ConnectionLost)."""
-        return await self.send_request(cmd, timeout)
+        return await self.send_request(cmd, timeout_s)
 
     def send_oneway(self, cmd: Any) -> None:
         """Write a command that has no reply (``quit``, transaction END)."""
@@ -224,11 +219,11 @@ class BrokerConnection:
 
     # --- internals (loop thread) ---
 
-    def _expire(self, op: int, timeout: float) -> None:
+    def _expire(self, op: int, timeout_s: float) -> None:
         self._timers.pop(op, None)
         fut = self._pending.pop(op, None)
         if fut is not None and not fut.done():
-            fut.set_exception(RequestTimeout(f"no reply from {self.address} within {timeout:g}s"))
+            fut.set_exception(RequestTimeout(f"no reply from {self.address} within {timeout_s:g}s"))
         self._settled(op, fut)
 
     def _settled(self, op: int, fut: asyncio.Future[Reply] | None) -> None:

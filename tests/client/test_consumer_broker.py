@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from pymetaq.client.consumer import AsyncConsumer, Consumer, offset_entry
-from pymetaq.client.consumer.config import NoCommittedOffset
+from pymetaq.client.errors import NoCommittedOffset
 from pymetaq.client.protocol import BatchPutCommand
 from pymetaq.client.transport.brokers import BrokerSet
 from pymetaq.client.transport.records import build_records
@@ -42,7 +42,7 @@ TOPICS = {
     "bcast": {"numPartitions": 2},
     "big": {"numPartitions": 1},
 }
-FAST: dict[str, Any] = dict(max_delay_fetch_ms=100, long_poll_ms=200, commit_interval=0.1)
+FAST: dict[str, Any] = dict(max_delay_fetch_ms=100, long_poll_ms=200, commit_interval_s=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -304,14 +304,14 @@ def test_failing_listener_attempts_spool_and_redelivery(
 
     store = FileOffsetStore(tmp_path / "o.json")
     kw: dict[str, Any] = dict(FAST, max_fetch_retries=3, recover_dir=str(tmp_path / "rec"))
-    with Consumer(server(broker), "fg", store, recover_interval=3600, **kw) as c:
+    with Consumer(server(broker), "fg", store, recover_interval_s=3600, **kw) as c:
         c.subscribe("fail", listener)
         c.start()
         wait_for(lambda: seen == [b"ok-1", b"ok-2"], what="the partition moves past the poison")
     assert attempts["poison"] == 1 + 3
     assert any((tmp_path / "rec" / "fail@fg").glob("*.spool"))
     healed.set()
-    with Consumer(server(broker), "fg", store, recover_interval=0.1, **kw) as c:  # a restart
+    with Consumer(server(broker), "fg", store, recover_interval_s=0.1, **kw) as c:  # a restart
         c.subscribe("fail", listener)
         c.start()
         wait_for(lambda: b"poison" in seen, what="redelivery from the spool")

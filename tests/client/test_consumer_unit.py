@@ -17,7 +17,6 @@ from pymetaq.client.consumer.batch import MessageBatch, Messages
 from pymetaq.client.consumer.config import (
     ConsumerConfig,
     InitialPosition,
-    NoCommittedOffset,
     default_instance_id,
     effective_group,
 )
@@ -25,6 +24,7 @@ from pymetaq.client.consumer.recover import DropPolicy, LocalRecoverPolicy
 from pymetaq.client.consumer.scan import scan
 from pymetaq.client.consumer.state import PartitionState, Step, apply_scan, backoff, grown_size
 from pymetaq.client.consumer.transport import FetchReply, FetchStatus
+from pymetaq.client.errors import NoCommittedOffset
 from pymetaq.client.transport.records import build_record, compress_batch
 from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import FileOffsetStore, OffsetEntry
@@ -100,7 +100,7 @@ class FakeTransport:
 
 
 def cfg(**kw: object) -> ConsumerConfig:
-    base: dict[str, object] = dict(long_poll_ms=0, max_delay_fetch_ms=50, commit_interval=3600.0)
+    base: dict[str, object] = dict(long_poll_ms=0, max_delay_fetch_ms=50, commit_interval_s=3600.0)
     base.update(kw)
     return ConsumerConfig(**base)  # type: ignore[arg-type]
 
@@ -411,7 +411,7 @@ def test_recover_spool_redelivers_after_restart(tmp_path: Path) -> None:
             offset_store=FileOffsetStore(tmp_path / "o.json"),
             transport=tr,
             config=cfg(
-                max_fetch_retries=1, recover_dir=str(tmp_path / "rec"), recover_interval=0.05
+                max_fetch_retries=1, recover_dir=str(tmp_path / "rec"), recover_interval_s=0.05
             ),
         )
 

@@ -29,7 +29,7 @@ from pymetaq.client.transport.records import (
     decode_messages,
 )
 from pymetaq.client.transport.servers import parse_servers, parse_stats
-from pymetaq.client.types import Message, Partition
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.storage.record import FLAG_LZ4_BATCH, encode_data, encode_record, iter_records
 
 
@@ -176,10 +176,13 @@ def test_parse_stats() -> None:
 
 
 def test_partition_order_and_key() -> None:
-    parts = [Partition(2, 0), Partition(1, 1), Partition(1, 0), Partition(10, 0)]
-    assert sorted(parts) == [Partition(1, 0), Partition(1, 1), Partition(2, 0), Partition(10, 0)]
-    assert Partition.parse("10-3") == Partition(10, 3)
-    assert str(Partition(10, 3)) == "10-3"
+    tp = TopicPartition
+    parts = [tp("t", 2, 0), tp("t", 1, 1), tp("t", 1, 0), tp("t", 10, 0)]
+    assert sorted(parts) == [tp("t", 1, 0), tp("t", 1, 1), tp("t", 2, 0), tp("t", 10, 0)]
+    assert TopicPartition.from_key("t", "10-3") == tp("t", 10, 3)
+    assert (tp("t", 10, 3).key, str(tp("t", 10, 3))) == ("10-3", "t/10-3")
+    with pytest.raises(ValueError):
+        TopicPartition.from_key("t", "103")
 
 
 @pytest.mark.parametrize(

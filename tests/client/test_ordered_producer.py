@@ -6,18 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from pymetaq.client import OrderedProducer, Partition
+from pymetaq.client import OrderedProducer, TopicPartition
 from pymetaq.client.producer.ordered import parse_layout
 from tests._broker import BrokerProcess
 from tests.client.test_producer_helpers import fetch_all, free_port
 
 
 def test_parse_layout() -> None:
-    assert parse_layout("1:2;0:1") == [Partition(0, 0), Partition(1, 0), Partition(1, 1)]
-    assert parse_layout(2) == [Partition(0, 0), Partition(0, 1)]
-    assert parse_layout(["0-1", Partition(0, 0)]) == [Partition(0, 0), Partition(0, 1)]
+    tp = TopicPartition
+    assert parse_layout("t", "1:2;0:1") == [tp("t", 0, 0), tp("t", 1, 0), tp("t", 1, 1)]
+    assert parse_layout("t", 2) == [tp("t", 0, 0), tp("t", 0, 1)]
+    assert parse_layout("t", ["0-1", tp("x", 0, 0)]) == [tp("t", 0, 0), tp("t", 0, 1)]
     with pytest.raises(ValueError):
-        parse_layout("0-4")
+        parse_layout("t", "0-4")
 
 
 def test_order_survives_broker_stop_and_start(tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ import pytest
 from pymetaq.client import (
     AsyncProducer,
     MessageTooLarge,
-    Partition,
     Producer,
     RequestTimeout,
+    TopicPartition,
     UnknownTopicOrPartition,
 )
 from pymetaq.client.errors import ClientClosed, ConnectionLost, NoBrokerAvailable
@@ -54,7 +54,7 @@ def _all(broker: BrokerProcess, topic: str, n: int = NPART) -> list[list[bytes]]
 def test_send_stores_exact_record_and_reports_its_position(broker: BrokerProcess, url: str) -> None:
     topic = _topic()
     with Producer(url) as p:
-        assert p.partitions(topic) == [Partition(0, i) for i in range(NPART)]
+        assert p.partitions(topic) == [TopicPartition(topic, 0, i) for i in range(NPART)]
         r1 = p.send(topic, b"hello", partition=2)
         r2 = p.send(topic, b"world", partition=2, attribute="tag")
     assert r1.success and r2.success, (r1, r2)
@@ -281,7 +281,7 @@ def test_close_completes_sends_still_in_flight() -> None:
         p = Producer(fake.url, request_timeout_ms=60_000)
         h = p.send_async("any", b"pending")
         assert p.flush(0.2) is False  # the broker never answers
-        p.close(timeout=0.1)
+        p.close(timeout_s=0.1)
         r = h.result(5)
         assert not r.success and isinstance(r.error, (ClientClosed, ConnectionLost))
         with pytest.raises(ClientClosed):
