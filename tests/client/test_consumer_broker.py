@@ -25,13 +25,14 @@ import sqlalchemy as sa
 
 from pymetaq.client.consumer import AsyncConsumer, Consumer, offset_entry
 from pymetaq.client.errors import NoCommittedOffset
-from pymetaq.client.protocol import BatchPutCommand
-from pymetaq.client.transport.brokers import BrokerSet
-from pymetaq.client.transport.records import build_records
 from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import FileOffsetStore, OffsetEntry, SqlOffsetStore, open_offset_store
 from tests._broker import BrokerProcess
+from tests._helpers import wait_for
 from tests._services import free_port
+from tests.client._helpers import produce, server
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPICS = {
@@ -49,40 +50,6 @@ FAST: dict[str, Any] = dict(max_delay_fetch_ms=100, long_poll_ms=200, commit_int
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     with BrokerProcess.start(tmp_path_factory.mktemp("cbroker"), topics=TOPICS) as b:
         yield b
-
-
-def server(b: BrokerProcess) -> str:
-    return f"meta://{b.host}:{b.port}"
-
-
-def produce(b: BrokerProcess, topic: str, partition: int, values: list[bytes]) -> list[int]:
-    """bput ``values`` in batches of 500; returns the offset of each batch's first record."""
-
-    async def go() -> list[int]:
-        bs = BrokerSet(server(b))
-        await bs.start()
-        try:
-            conn = await bs.connection(0)
-            firsts = []
-            for i in range(0, len(values), 500):
-                chunk = values[i : i + 500]
-                cmd = BatchPutCommand(topic, partition, build_records(chunk), len(chunk))
-                reply = await conn.request(cmd, 30)
-                assert reply.code == 200, reply  # type: ignore[union-attr]
-                firsts.append(int(reply.body.split()[2]))  # type: ignore[union-attr]
-            return firsts
-        finally:
-            bs.close()
-
-    return asyncio.run(go())
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s")
-        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------- order, positions
@@ -194,7 +161,9 @@ def test_offset_below_retention_moves_to_the_first_segment(tmp_path: Path) -> No
         with Consumer(server(b), "rg", store, **FAST) as c:
             c.subscribe("ret")
             got: list[Message] = []
-            while len(got) < 3:
+            for _ in range(30):  # bounded: 30 polls of up to 1 s
+                if len(got) >= 3:
+                    break
                 got += c.poll(1.0, max_records=3 - len(got))
         committed = store.load("rg", "ret", "0-0")
         assert committed is not None and committed.offset == got[2].next_offset
@@ -215,7 +184,9 @@ def test_offset_below_retention_moves_to_the_first_segment(tmp_path: Path) -> No
         with Consumer(server(b), "rg", store, **FAST) as c:
             c.subscribe("ret")
             batch = c.poll(5.0)
-            while not batch:
+            for _ in range(12):  # bounded: a minute
+                if batch:
+                    break
                 batch = c.poll(5.0)
             assert batch[0].offset >= start and batch[0].value.startswith(b"new-")
             assert c.stats["moved"] == 1
@@ -254,8 +225,9 @@ def test_max_size_grows_for_a_big_record(broker: BrokerProcess) -> None:
         ) as c:
             c.subscribe("big")
             out: list[bytes] = []
-            while len(out) < 3:
-                out += [m.value for m in await c.poll(5.0)]
+            async with asyncio.timeout(60):
+                while len(out) < 3:
+                    out += [m.value for m in await c.poll(5.0)]
             assert c.stats["grown"] >= 1
             return out
 

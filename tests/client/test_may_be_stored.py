@@ -18,7 +18,7 @@ from pymetaq.client import MessageMayBeStored, Producer, RequestTimeout
 from pymetaq.client.errors import MayBeStoredConnectionLost, MayBeStoredTimeout
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
-from tests.client.test_producer_helpers import fetch_all
+from tests.client._helpers import fetch_all
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import pytest
 from pymetaq.client import OrderedProducer, TopicPartition
 from pymetaq.client.producer.ordered import parse_layout
 from tests._broker import BrokerProcess
-from tests.client.test_producer_helpers import fetch_all, free_port
+from tests.client._helpers import fetch_all, free_port
 
 
 def test_parse_layout() -> None:
@@ -21,6 +21,7 @@ def test_parse_layout() -> None:
         parse_layout("t", "0-4")
 
 
+@pytest.mark.integration
 def test_order_survives_broker_stop_and_start(tmp_path: Path) -> None:
     port = free_port()
     topics = {"seq": {"numPartitions": 2}}
@@ -68,6 +69,7 @@ def test_order_survives_broker_stop_and_start(tmp_path: Path) -> None:
         broker.__exit__(None, None, None)
 
 
+@pytest.mark.integration
 def test_spool_left_by_a_previous_run_is_drained_first(tmp_path: Path) -> None:
     port = free_port()
     spool_dir = tmp_path / "spool"

@@ -39,7 +39,7 @@ POISON = [
     (b"\xff" * 8, -1, "flag -1"),
 ]
 #: the stored order: good records around and between the poison ones
-LAYOUT = [GOOD[0], GOOD[1], 0, GOOD[2], 1, 2, GOOD[3], GOOD[4], GOOD[5]]
+LAYOUT: list[bytes | int] = [GOOD[0], GOOD[1], 0, GOOD[2], 1, 2, GOOD[3], GOOD[4], GOOD[5]]
 
 
 def _store(data_path: Path) -> list[bytes]:
@@ -83,7 +83,12 @@ FAST: dict[str, Any] = dict(max_delay_fetch_ms=100, long_poll_ms=100, initial_po
 
 def _poll_all(c: Consumer, n: int) -> list[Message]:
     got: list[Message] = []
-    wait_for(lambda: got.extend(c.poll(0.2)) or len(got) >= n, 60, f"{n} messages")
+
+    def more() -> bool:
+        got.extend(c.poll(0.2))
+        return len(got) >= n
+
+    wait_for(more, 60, f"{n} messages")
     return got
 
 

@@ -23,6 +23,8 @@ from pymetaq.client import AsyncProducer, Producer
 from pymetaq.client.producer.batch import Batch, BatchHandle, SendHandle
 from tests._broker import BrokerProcess
 
+pytestmark = pytest.mark.integration
+
 SENDS = 300
 
 

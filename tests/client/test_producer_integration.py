@@ -25,7 +25,9 @@ from pymetaq.client import (
 from pymetaq.client.errors import ClientClosed, ConnectionLost, NoBrokerAvailable
 from pymetaq.storage.record import FLAG_LZ4_BATCH, HEADER
 from tests._broker import BrokerProcess
-from tests.client.test_producer_helpers import SilentBroker, fetch_all, fetch_raw
+from tests.client._helpers import SilentBroker, fetch_all, fetch_raw
+
+pytestmark = pytest.mark.integration
 
 NPART = 4
 
@@ -289,7 +291,8 @@ def test_close_completes_sends_still_in_flight() -> None:
 
 
 def test_retries_keep_order_across_a_broker_restart(tmp_path: Path) -> None:
-    from tests.client.test_producer_helpers import free_port, wait_for
+    from tests._helpers import wait_for
+    from tests.client._helpers import free_port
 
     port = free_port()
     broker = BrokerProcess.start(tmp_path, system={"serverPort": port}, topics={"r": {}})

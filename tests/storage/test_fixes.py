@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pymetaq.storage import InvalidRecords, MessageStoreManager, StoreConfig, TopicStoreConfig
+from tests.storage._helpers import abandon, batch, manager, read_all, segment_files
 from tests.storage.faultdisk import FaultDisk
-from tests.storage.helpers import abandon, batch, manager, read_all, segment_files
 
 
 def test_nearest_offset_is_the_start_of_the_segment_holding_it(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pymetaq.storage import AppendResult, PartitionLog
 from pymetaq.storage.log import DurableCallback
+from tests.storage._helpers import batch, manager, read_all
 from tests.storage.faultdisk import FaultDisk
-from tests.storage.helpers import batch, manager, read_all
 
 
 def _acks(plog: PartitionLog) -> tuple[list[int], DurableCallback]:

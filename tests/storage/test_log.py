@@ -21,7 +21,7 @@ from pymetaq.storage import (
 )
 from pymetaq.storage.record import encode_record, iter_records
 from pymetaq.storage.segment import parse_segment_name
-from tests.storage.helpers import batch, manager, read_all, segment_files, settle, wait_for
+from tests.storage._helpers import batch, manager, read_all, segment_files, settle, wait_for
 
 MODES = {"group": 0, "threshold": 3}
 SIZES = {"tiny": 256, "small": 4096, "big": 1 << 20}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from pymetaq.storage import (
     MessageStoreManager,
@@ -15,6 +14,7 @@ from pymetaq.storage import (
     TopicStoreConfig,
 )
 from pymetaq.storage.record import Record, encode_record, iter_records
+from tests._helpers import wait_for
 
 
 def batch(payloads: Iterable[bytes]) -> bytearray:
@@ -89,14 +89,6 @@ def abandon(m: MessageStoreManager) -> None:
         plog._closed = True
         for seg in plog.segments:
             seg.file.close()
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.001)
 
 
 def file_bytes(path: str) -> bytes:

@@ -1,4 +1,5 @@
-"""Raw-socket helpers for the broker tests: send exact bytes, read exact reply frames."""
+"""Raw-socket helpers for the broker tests: send exact bytes, read exact reply frames
+(``wait_for`` is the shared one from :mod:`tests._helpers`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 
 from pymetaq.client.protocol import NEED_DATA, Limits, Parser, ResultReply, Role, ValueReply
 from pymetaq.storage.record import encode_record
+from tests._helpers import wait_for
 
 Reply = ResultReply | ValueReply
 
@@ -99,11 +101,4 @@ def result(code: int, body: bytes, opaque: int) -> bytes:
     return b"result %d %d %d\r\n" % (code, len(body), opaque) + body
 
 
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise TimeoutError(f"{what} not reached within {timeout} s")
+__all__ = ["Reply", "Wire", "bput_frame", "put_line", "result", "wait_for"]
