@@ -22,14 +22,12 @@ import asyncio
 import contextlib
 import logging
 from types import TracebackType
-from typing import Any
 
 from pymetaq.client.consumer.batch import Messages
 from pymetaq.client.consumer.config import UNGROUPED_GROUP
 from pymetaq.client.consumer.face import ConsumerFace
 from pymetaq.client.errors import ClientClosed
 from pymetaq.client.types import TopicPartition
-from pymetaq.offsets import OffsetStore
 
 log = logging.getLogger("pymetaq.client.consumer")
 
@@ -38,14 +36,7 @@ class AsyncConsumer(ConsumerFace):
     """The asyncio face: ``subscribe``, ``await poll()``, ``await commit()``, ``await close()``
     (constructor: :class:`~pymetaq.client.consumer.face.ConsumerFace`)."""
 
-    def __init__(
-        self,
-        servers: str | list[str] = "",
-        group: str | None = None,
-        offset_store: OffsetStore | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(servers, group, offset_store, **kwargs)
+    def _setup(self) -> None:
         self._committer: asyncio.Task[None] | None = None
         self._closed = False
 

@@ -1,7 +1,7 @@
 """What the two consumer faces share: the constructor and the calls that never wait.
 
 :class:`Consumer` (threads) and :class:`AsyncConsumer` (asyncio) both derive from
-:class:`ConsumerFace`, so their constructor is written once::
+:class:`ConsumerFace`, so their constructor is written once (a face adds its own state in ``_setup()``)::
 
     Consumer(servers, group=None, offset_store=None, *, config=ConsumerConfig(...),
              reject_policy=None, transport=None, **overrides)
@@ -56,6 +56,10 @@ class ConsumerFace:
         self.config = cfg
         #: the group offsets are kept under (``<group>-<instance>`` when broadcast), or None
         self.group = eff
+        self._setup()
+
+    def _setup(self) -> None:
+        """Each face's own state (called at the end of the shared constructor)."""
 
     def subscribe(self, topic: str) -> Self:
         """Consume ``topic`` (before the first poll/start)."""

@@ -55,7 +55,6 @@ from pymetaq.client.consumer.state import PartitionState
 from pymetaq.client.errors import ClientClosed, ConsumerError
 from pymetaq.client.transport.loop import LoopThread
 from pymetaq.client.types import Message, TopicPartition
-from pymetaq.offsets import OffsetStore
 
 log = logging.getLogger("pymetaq.client.consumer")
 
@@ -100,14 +99,7 @@ class _Schedule:
 class Consumer(ConsumerFace):
     """The synchronous consumer (see the module docstring; constructor: :class:`ConsumerFace`)."""
 
-    def __init__(
-        self,
-        servers: str | list[str] = "",
-        group: str | None = None,
-        offset_store: OffsetStore | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(servers, group, offset_store, **kwargs)
+    def _setup(self) -> None:
         self._listeners: dict[str, Listener] = {}
         self._lt = LoopThread("pymetaq-consumer")
         self._lock = threading.Lock()

@@ -10,13 +10,11 @@ Thread-safety: an ``AsyncProducer`` belongs to the loop it was started on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack, cast
 
 from pymetaq.client.errors import ClientClosed, UnknownTopicOrPartition
-from pymetaq.client.producer.batch import BatchHandle, SendHandle
 from pymetaq.client.producer.config import ProducerConfig, make_config
-from pymetaq.client.producer.engine import PartitionArg, ProducerEngine
+from pymetaq.client.producer.engine import ProducerEngine, ProducerFace, SendOptions
 from pymetaq.client.types import SendResult, TopicPartition
 
 
@@ -26,7 +24,16 @@ def _not_published(topic: str) -> list[TopicPartition]:
     )
 
 
-class AsyncProducer:
+class _NotStarted:
+    """Stands for the engine until ``start()``: any use raises :class:`ClientClosed`."""
+
+    closed = False
+
+    def __getattr__(self, name: str) -> Any:
+        raise ClientClosed("AsyncProducer not started: use 'async with' or await start()")
+
+
+class AsyncProducer(ProducerFace):
     """The asyncio producer: ``async with AsyncProducer(servers) as p: await p.send(...)``."""
 
     def __init__(
@@ -34,7 +41,7 @@ class AsyncProducer:
     ) -> None:
         self.config = make_config(config, overrides)
         self._servers = servers
-        self._engine: ProducerEngine | None = None
+        self._engine = cast(ProducerEngine, _NotStarted())
 
     async def start(self) -> AsyncProducer:
         """Connect to the brokers (raises NoBrokerAvailable if none answers)."""
@@ -51,60 +58,25 @@ class AsyncProducer:
         self._engine = engine
         return self
 
-    def _require(self) -> ProducerEngine:
-        if self._engine is None:
-            raise ClientClosed("AsyncProducer not started: use 'async with' or await start()")
-        return self._engine
-
     async def publish(self, topic: str) -> list[TopicPartition]:
         """Fetch (and cache) a topic's partitions; ``send_nowait`` needs this done first."""
-        return await self._require().brokers.partitions(topic)
+        return await self._engine.brokers.partitions(topic)
 
-    def send_nowait(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | str | None = None,
-        partition: PartitionArg = None,
-        attribute: str | None = None,
-    ) -> SendHandle:
-        """Queue one message without waiting; ``await`` the returned handle for its result.
+    #: queue one message without waiting; ``await`` the returned handle for its result. The
+    #: topic must be known (``await publish(topic)`` or an earlier ``await send``).
+    send_nowait = ProducerFace._queue
 
-        The topic must be known (``await publish(topic)`` or an earlier ``await send``).
-        """
-        return self._require().send_async(topic, value, key, partition, attribute)
-
-    def send_many(
-        self,
-        topic: str,
-        values: Sequence[bytes],
-        *,
-        key: bytes | str | None = None,
-        partition: PartitionArg = None,
-        attribute: str | None = None,
-    ) -> BatchHandle:
-        """As :meth:`Producer.send_many` (the topic must be published); ``await`` the handle."""
-        return self._require().send_many(topic, values, key, partition, attribute)
-
-    async def send(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | str | None = None,
-        partition: PartitionArg = None,
-        attribute: str | None = None,
-    ) -> SendResult:
-        """Send one message and wait for its ack."""
-        engine = self._require()
+    async def send(self, topic: str, value: bytes, **opts: Unpack[SendOptions]) -> SendResult:
+        """Send one message and wait for its ack (``opts``: ``key=``, ``partition=``,
+        ``attribute=``)."""
+        engine = self._engine
         if engine.brokers.cached_partitions(topic) is None:
             await engine.brokers.partitions(topic)
-        return await engine.send_async(topic, value, key, partition, attribute, True)
+        return await engine.send_async(topic, value, force=True, **opts)
 
     async def flush(self) -> None:
         """Send everything queued now and wait for it."""
-        engine = self._require()
+        engine = self._engine
         futures = engine.begin_flush()
         try:
             for fut in futures:
@@ -116,7 +88,7 @@ class AsyncProducer:
     async def close(self) -> None:
         """Flush (up to the delivery timeout), then close the connections."""
         engine = self._engine
-        if engine is None or engine.closed:
+        if isinstance(engine, _NotStarted) or engine.closed:
             return
         try:
             await asyncio.wait_for(self.flush(), self.config.delivery_timeout_s)

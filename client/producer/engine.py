@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TypeAlias
+from typing import TypeAlias, TypedDict, Unpack
 
 from pymetaq.client.errors import ClientClosed, MessageTooLarge
 from pymetaq.client.producer.accumulator import Accumulator, AnyFuture
@@ -43,6 +43,14 @@ from pymetaq.client.types import TopicPartition
 
 #: ``partition=`` of a send: an index into the sorted list, a TopicPartition or a "b-p" key
 PartitionArg: TypeAlias = int | str | TopicPartition | None
+
+
+class SendOptions(TypedDict, total=False):
+    """The keyword options of every send call (``**opts: Unpack[SendOptions]``)."""
+
+    key: bytes | str | None  # the partition key: crc32(key) % n
+    partition: PartitionArg  # an explicit partition (wins over key)
+    attribute: str | None  # MetaQ's message attribute (UTF-8)
 
 
 class ProducerEngine:
@@ -208,3 +216,36 @@ class ProducerEngine:
         # close()) complete the in-flight batches with their own error first
         await asyncio.sleep(0)
         self.sender.abort_all(closed)
+
+
+class ProducerFace:
+    """What both producer faces share: the non-blocking send calls (bodies in the engine).
+
+    ``Producer.send_async`` and ``AsyncProducer.send_nowait`` are both :meth:`_queue`.
+    """
+
+    _engine: ProducerEngine
+
+    def _queue(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | str | None = None,
+        partition: PartitionArg = None,
+        attribute: str | None = None,
+    ) -> SendHandle:
+        """Queue one message without waiting; returns its :class:`SendHandle`
+        (``.result()`` -> SendResult, or ``await handle``)."""
+        return self._engine.send_async(topic, value, key, partition, attribute)
+
+    def send_many(
+        self, topic: str, values: Sequence[bytes], **opts: Unpack[SendOptions]
+    ) -> BatchHandle:
+        """Queue many messages for ONE partition (chosen once, as for a single send) in order.
+
+        The bulk path: records are built in one loop and sent as whole batches (split at
+        ``batch_messages``/``batch_bytes``). ``handle.result()`` (or ``await handle``) -> one
+        SendResult per value. ``opts``: ``key=``, ``partition=``, ``attribute=``.
+        """
+        return self._engine.send_many(topic, values, **opts)

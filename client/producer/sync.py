@@ -46,13 +46,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from pymetaq.client.errors import MayBeStoredTimeout, NoBrokerAvailable
-from pymetaq.client.producer.batch import BatchHandle, SendHandle
 from pymetaq.client.producer.config import ProducerConfig, make_config
-from pymetaq.client.producer.engine import PartitionArg, ProducerEngine
+from pymetaq.client.producer.engine import ProducerEngine, ProducerFace, SendOptions
 from pymetaq.client.transport.brokers import BrokerSet
 from pymetaq.client.transport.loop import LoopThread
 from pymetaq.client.types import SendResult, TopicPartition
@@ -60,7 +58,7 @@ from pymetaq.client.types import SendResult, TopicPartition
 __all__ = ["Producer"]
 
 
-class Producer:
+class Producer(ProducerFace):
     """The synchronous producer (thread-safe). See the module docstring for semantics."""
 
     def __init__(
@@ -105,46 +103,22 @@ class Producer:
             parts = self._lt.run(self._engine.brokers.partitions(topic), self._send_timeout_s)
         return parts
 
-    def send_async(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | str | None = None,
-        partition: PartitionArg = None,
-        attribute: str | None = None,
-    ) -> SendHandle:
-        """Queue one message; returns its :class:`SendHandle` (``.result()`` -> SendResult)."""
-        return self._engine.send_async(topic, value, key, partition, attribute)
-
-    def send_many(
-        self,
-        topic: str,
-        values: Sequence[bytes],
-        *,
-        key: bytes | str | None = None,
-        partition: PartitionArg = None,
-        attribute: str | None = None,
-    ) -> BatchHandle:
-        """Queue many messages for ONE partition (chosen once, as for a single send) in order.
-
-        The bulk path: records are built in one loop and sent as whole batches (split at
-        ``batch_messages``/``batch_bytes``). ``handle.result()`` -> one SendResult per value.
-        """
-        return self._engine.send_many(topic, values, key, partition, attribute)
+    #: queue one message; returns its :class:`SendHandle` (``.result()`` -> SendResult)
+    send_async = ProducerFace._queue
 
     def send(
         self,
         topic: str,
         value: bytes,
         *,
-        key: bytes | str | None = None,
-        partition: PartitionArg = None,
-        attribute: str | None = None,
         timeout_s: float | None = None,
+        **opts: Unpack[SendOptions],
     ) -> SendResult:
-        """Send one message and wait for the broker's ack (see the module docstring)."""
-        handle = self._engine.send_async(topic, value, key, partition, attribute, True)
+        """Send one message and wait for the broker's ack (see the module docstring).
+
+        ``opts``: ``key=``, ``partition=``, ``attribute=``; ``timeout_s``: how long to wait
+        (default: the delivery timeout)."""
+        handle = self._engine.send_async(topic, value, force=True, **opts)
         wait = self._send_timeout_s if timeout_s is None else timeout_s
         try:
             return handle.result(wait)

@@ -34,14 +34,15 @@ from pymetaq.storage.record import (
     FLAG_ATTRIBUTE,
     FLAG_LZ4_BATCH,
     HEADER,
-    HEADER_SIZE,
+    CorruptRecordError,
+    Record,
     decode_data,
     encode_data,
     encode_record,
+    iter_records,
 )
 
 _pack_header: Callable[..., bytes] = HEADER.pack
-_unpack_header: Callable[..., tuple[int, int, int, int]] = HEADER.unpack_from
 _crc32 = zlib.crc32
 
 
@@ -90,77 +91,58 @@ def decode_messages(
     Raises :class:`CorruptMessage` for a negative length, a CRC mismatch (with ``verify``) or
     an undecodable lz4 batch.
     """
-    src = buf if isinstance(buf, bytes) else bytes(buf)  # bytes slices copy once (no view)
     out: list[Message] = []
-    append, new = out.append, _new
-    pos, end = 0, len(src)
-    while pos + HEADER_SIZE <= end:
-        length, crc, msg_id, flag = _unpack_header(src, pos)
-        if length < 0:
-            raise CorruptMessage(base_offset + pos, f"negative length {length}")
-        stop = pos + HEADER_SIZE + length
-        if stop > end:
-            break
-        data = src[pos + HEADER_SIZE : stop]
-        offset = base_offset + pos
-        if verify and (_crc32(data) & MASK31) != crc:
-            raise CorruptMessage(offset, "checksum mismatch")
-        nxt = base_offset + stop
-        if flag & FLAG_LZ4_BATCH:
-            _expand_batch(data, topic, partition, broker_id, offset, nxt, msg_id, verify, out)
-        elif flag & FLAG_ATTRIBUTE:
-            attr, value = _split_attribute(data, offset)
-            append(new(Message, (topic, partition, offset, msg_id, value, attr, nxt, broker_id)))
-        else:
-            append(new(Message, (topic, partition, offset, msg_id, data, None, nxt, broker_id)))
-        pos = stop
-    return out, base_offset + pos
-
-
-def _split_attribute(data: bytes, offset: int) -> tuple[str, bytes]:
+    end = base_offset
     try:
-        attr, value = decode_data(data, FLAG_ATTRIBUTE)
-    except (ValueError, UnicodeDecodeError) as e:  # bad framing / not UTF-8
-        raise CorruptMessage(offset, f"bad attribute: {e}") from None
-    assert attr is not None
-    return attr, value
+        for rec in iter_records(buf, base_offset, verify=verify):
+            end = rec.offset + rec.size
+            data, flag, offset = rec.data, rec.flag, rec.offset
+            if flag & FLAG_LZ4_BATCH:
+                for inner in _inner_records(data, offset, verify):
+                    _decode_one(inner, topic, partition, broker_id, offset, end, rec.msg_id, out)
+            else:
+                _decode_one(rec, topic, partition, broker_id, offset, end, rec.msg_id, out)
+    except CorruptRecordError as e:
+        raise CorruptMessage(e.offset, e.reason) from None
+    return out, end
 
 
-def _expand_batch(
-    frame: bytes,
+def _decode_one(
+    rec: Record,
     topic: str,
     partition: int,
     broker_id: int,
     offset: int,
     nxt: int,
     msg_id: int,
-    verify: bool,
     out: list[Message],
 ) -> None:
-    """Append the inner messages of one lz4 batch record (they share offset/next/id)."""
+    """Append the message of one (outer or inner) record; ``offset``/``nxt``/``msg_id`` are the
+    stored record's (an lz4 batch's inner messages share them)."""
+    if rec.flag & FLAG_LZ4_BATCH:
+        raise CorruptMessage(offset, "nested lz4 batch")
+    attr: str | None = None
+    value = rec.data
+    if rec.flag & FLAG_ATTRIBUTE:
+        try:
+            attr, value = decode_data(value, FLAG_ATTRIBUTE)
+        except (ValueError, UnicodeDecodeError) as e:  # bad framing / not UTF-8
+            raise CorruptMessage(offset, f"bad attribute: {e}") from None
+    out.append(_new(Message, (topic, partition, offset, msg_id, value, attr, nxt, broker_id)))
+
+
+def _inner_records(frame: bytes, offset: int, verify: bool) -> list[Record]:
+    """The records inside one lz4 batch record (at ``offset``); every byte must belong to one."""
     import lz4.frame  # only consumers that meet an lz4 batch need lz4
 
     try:
         raw: bytes = lz4.frame.decompress(frame)
     except RuntimeError as e:  # lz4 raises RuntimeError for a bad frame
         raise CorruptMessage(offset, f"bad lz4 batch: {e}") from None
-    pos, end = 0, len(raw)
-    append, new = out.append, _new
-    while pos < end:
-        if pos + HEADER_SIZE > end:
-            raise CorruptMessage(offset, "lz4 batch ends inside an inner header")
-        length, crc, _inner_id, flag = _unpack_header(raw, pos)
-        stop = pos + HEADER_SIZE + length
-        if length < 0 or stop > end:
-            raise CorruptMessage(offset, "lz4 batch holds a truncated inner record")
-        data = raw[pos + HEADER_SIZE : stop]
-        if verify and (_crc32(data) & MASK31) != crc:
-            raise CorruptMessage(offset, "inner record checksum mismatch")
-        if flag & FLAG_LZ4_BATCH:
-            raise CorruptMessage(offset, "nested lz4 batch")
-        if flag & FLAG_ATTRIBUTE:
-            attr, value = _split_attribute(data, offset)
-            append(new(Message, (topic, partition, offset, msg_id, value, attr, nxt, broker_id)))
-        else:
-            append(new(Message, (topic, partition, offset, msg_id, data, None, nxt, broker_id)))
-        pos = stop
+    try:
+        inner = list(iter_records(raw, verify=verify))
+    except CorruptRecordError as e:
+        raise CorruptMessage(offset, f"lz4 batch: inner record {e.reason}") from None
+    if sum(r.size for r in inner) != len(raw):
+        raise CorruptMessage(offset, "lz4 batch holds a truncated inner record")
+    return inner
