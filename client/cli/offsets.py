@@ -30,6 +30,7 @@ from typing import Any, TextIO
 from pymetaq.client.cli.consume import open_store
 from pymetaq.client.consumer.config import ConsumerConfig
 from pymetaq.client.consumer.transport import END_OFFSET, BrokerTransport
+from pymetaq.client.errors import MetaClientError
 from pymetaq.client.types import TopicPartition
 from pymetaq.offsets import OffsetEntry, OffsetStore
 
@@ -77,7 +78,8 @@ async def _broker_info(
             try:
                 lo = await tr.nearest_offset(tp, "pymetaq-offsets", 0)
                 hi = await tr.nearest_offset(tp, "pymetaq-offsets", END_OFFSET)
-            except Exception:  # an unknown partition: no bounds
+            except MetaClientError as e:  # e.g. a partition the broker does not have
+                print(f"pymetaq offsets: no bounds for {tp}: {e}", file=sys.stderr)
                 continue
             bounds[tp] = (lo, hi)
         return parts, bounds

@@ -335,7 +335,7 @@ class Consumer(ConsumerFace):
         finally:
             self._engine.reject_policy.close()
             try:
-                self._lt.run(self._engine.shutdown(), timeout=10)
+                self._lt.run(self._engine.shutdown(), timeout_s=10)
             finally:
                 self._lt.close()
                 self._close_store()

@@ -1,7 +1,7 @@
 """The loop thread behind the synchronous faces: an asyncio loop in a daemon thread.
 
 ``LoopThread`` runs an asyncio loop in a daemon thread: ``submit(coro)`` ->
-``concurrent.futures.Future``, ``run(coro, timeout)``, ``call_soon(fn, ...)``, ``close()``.
+``concurrent.futures.Future``, ``run(coro, timeout_s)``, ``call_soon(fn, ...)``, ``close()``.
 Each synchronous client (Producer, Consumer) owns one LoopThread and closes it in ``close()``
 (no process-wide shared loop: a client's close never disturbs another client).
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 from pymetaq.client.errors import ClientClosed, RequestTimeout
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class LoopThread:
@@ -53,33 +55,37 @@ class LoopThread:
             raise ClientClosed("the client's loop thread is closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run ``coro`` on the loop and wait; a timeout cancels it and raises RequestTimeout."""
         if self.in_loop():
             coro.close()
             raise RuntimeError("LoopThread.run() called from its own loop thread (would deadlock)")
         fut = self.submit(coro)
         try:
-            return fut.result(timeout)
+            return fut.result(timeout_s)
         except concurrent.futures.TimeoutError:
             fut.cancel()
-            raise RequestTimeout(f"operation did not finish within {timeout:g}s") from None
+            raise RequestTimeout(f"operation did not finish within {timeout_s:g}s") from None
 
     def call_soon(self, fn: Callable[..., object], *args: object) -> None:
         """Call ``fn(*args)`` on the loop thread (thread-safe)."""
         self.loop.call_soon_threadsafe(fn, *args)
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
         """Cancel remaining tasks, stop the loop, join the thread and close the loop."""
         if self._closed:
             return
         self._closed = True
         if self._thread.is_alive():
-            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
-                asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(timeout)
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(timeout_s)
+            except concurrent.futures.TimeoutError:
+                log.warning("%s: tasks still running after %gs; stopping anyway", self, timeout_s)
             self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout)
-        if not self._thread.is_alive():
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("%s: loop thread did not stop within %gs", self, timeout_s)
+        else:
             self.loop.close()
 
 
