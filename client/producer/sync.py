@@ -50,7 +50,7 @@ from typing import Any, Unpack
 
 from pymetaq.client.errors import MayBeStoredTimeout, NoBrokerAvailable
 from pymetaq.client.producer.config import ProducerConfig, make_config
-from pymetaq.client.producer.engine import ProducerEngine, ProducerFace, SendOptions
+from pymetaq.client.producer.engine import ProducerEngine, ProducerFace, QueueOne, SendOptions
 from pymetaq.client.transport.brokers import BrokerSet
 from pymetaq.client.transport.loop import LoopThread
 from pymetaq.client.types import SendResult, TopicPartition
@@ -76,6 +76,7 @@ class Producer(ProducerFace):
             learn=self.partitions,
         )
         self._send_timeout_s = self.config.delivery_timeout_s
+        self.send_async = self._engine.send_async
         try:
             self._lt.run(
                 self._engine.brokers.start(), self.config.connect_timeout_ms / 1000.0 + 5.0
@@ -103,8 +104,10 @@ class Producer(ProducerFace):
             parts = self._lt.run(self._engine.brokers.partitions(topic), self._send_timeout_s)
         return parts
 
-    #: queue one message; returns its :class:`SendHandle` (``.result()`` -> SendResult)
-    send_async = ProducerFace._queue
+    #: ``send_async(topic, value, *, key=None, partition=None, attribute=None)``: queue one
+    #: message; returns its :class:`SendHandle` (``.result()`` -> SendResult). The engine's
+    #: method itself, bound in ``__init__`` (one Python call per message).
+    send_async: QueueOne
 
     def send(
         self,

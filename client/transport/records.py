@@ -1,4 +1,4 @@
-"""Client-side values (``Message``, ``SendResult``, ``Partition``), record building and decoding.
+"""The client's side of the record format: building records and decoding fetched ones.
 
 The client builds MetaQ records itself (see :mod:`pymetaq.storage.record` for the byte layout:
 20-byte header ``>iiqi`` = data length, CRC32(data) & 0x7FFFFFFF, msg id (0 from a client),

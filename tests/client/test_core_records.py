@@ -229,3 +229,19 @@ def test_decode_inverts_build(
     assert [(m.value, m.attribute) for m in msgs] == items
     assert nxt == base + len(buf)
     assert all(base <= m.offset < m.next_offset <= nxt for m in msgs)
+
+
+def test_error_trees_have_one_root_each() -> None:
+    """Every client error is a MetaClientError; storage corruption is a StorageError."""
+    import pymetaq.client.errors as errors
+    from pymetaq.storage.errors import StorageError
+    from pymetaq.storage.record import CorruptRecordError
+
+    client_errors = [
+        v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, Exception)
+    ]
+    assert len(client_errors) > 20
+    assert all(issubclass(e, errors.MetaClientError) for e in client_errors)
+    assert issubclass(CorruptRecordError, StorageError)
+    assert errors.may_be_stored("x", errors.RequestTimeout("t")).invalid_metadata
+    assert not errors.UnknownTopicOrPartition("t").invalid_metadata
