@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeAlias, TypedDict, Unpack
+from typing import TypeAlias, TypedDict, Unpack
 
 from pymetaq.client.errors import ClientClosed, MessageTooLarge
 from pymetaq.client.producer.accumulator import Accumulator, AnyFuture
@@ -218,25 +218,12 @@ class ProducerEngine:
         self.sender.abort_all(closed)
 
 
-class QueueOne(Protocol):
-    """The signature of ``Producer.send_async`` / ``AsyncProducer.send_nowait``."""
-
-    def __call__(
-        self,
-        topic: str,
-        value: bytes,
-        *,
-        key: bytes | str | None = None,
-        partition: PartitionArg = None,
-        attribute: str | None = None,
-    ) -> SendHandle: ...
-
-
 class ProducerFace:
     """What both producer faces share: the non-blocking send calls (bodies in the engine).
 
-    ``AsyncProducer.send_nowait`` is :meth:`_queue`; ``Producer.send_async`` is the engine's
-    :meth:`ProducerEngine.send_async` itself, bound per instance (the hot path: one call).
+    ``AsyncProducer.send_nowait`` and ``Producer.send_async`` are :meth:`_queue`; a
+    ``Producer`` replaces it per instance with the engine's :meth:`ProducerEngine.send_async`
+    itself (the hot path: one Python call per message).
     """
 
     _engine: ProducerEngine

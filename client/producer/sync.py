@@ -50,7 +50,7 @@ from typing import Any, Unpack
 
 from pymetaq.client.errors import MayBeStoredTimeout, NoBrokerAvailable
 from pymetaq.client.producer.config import ProducerConfig, make_config
-from pymetaq.client.producer.engine import ProducerEngine, ProducerFace, QueueOne, SendOptions
+from pymetaq.client.producer.engine import ProducerEngine, ProducerFace, SendOptions
 from pymetaq.client.transport.brokers import BrokerSet
 from pymetaq.client.transport.loop import LoopThread
 from pymetaq.client.types import SendResult, TopicPartition
@@ -76,7 +76,7 @@ class Producer(ProducerFace):
             learn=self.partitions,
         )
         self._send_timeout_s = self.config.delivery_timeout_s
-        self.send_async = self._engine.send_async
+        self.send_async = self._engine.send_async  # type: ignore[method-assign]
         try:
             self._lt.run(
                 self._engine.brokers.start(), self.config.connect_timeout_ms / 1000.0 + 5.0
@@ -104,10 +104,9 @@ class Producer(ProducerFace):
             parts = self._lt.run(self._engine.brokers.partitions(topic), self._send_timeout_s)
         return parts
 
-    #: ``send_async(topic, value, *, key=None, partition=None, attribute=None)``: queue one
-    #: message; returns its :class:`SendHandle` (``.result()`` -> SendResult). The engine's
-    #: method itself, bound in ``__init__`` (one Python call per message).
-    send_async: QueueOne
+    #: queue one message; returns its :class:`SendHandle` (``.result()`` -> SendResult). Each
+    #: instance binds the engine's method itself in ``__init__`` (one Python call per message).
+    send_async = ProducerFace._queue
 
     def send(
         self,
