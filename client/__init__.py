@@ -1,12 +1,13 @@
 """pymetaq.client: the producer and consumer APIs.
 
 ```python
-from pymetaq.client import Producer, AsyncProducer, OrderedProducer, Consumer, Message, SendResult
+from pymetaq.client import Producer, AsyncProducer, OrderedProducer, Consumer, AsyncConsumer
+from pymetaq.client import Message, SendResult, TopicPartition
 ```
 
-``Consumer`` (and the other consumer names) are imported lazily from
-``pymetaq.client.consumer`` on first access, so the producer works on its own. The shared core
-(connections, metadata, record decoding, errors) is :mod:`pymetaq.client.core`.
+Every public name is imported lazily on first access (PEP 562 ``__getattr__``), so importing
+``pymetaq.client`` (or its codec, ``pymetaq.client.protocol``) loads nothing else, and the
+producer never loads the consumer. The map of the subpackages is in ``docs/internals.md``.
 
 Thread-safety: see each class.
 """
@@ -14,28 +15,56 @@ Thread-safety: see each class.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pymetaq.client.batch import BatchHandle, SendHandle
-from pymetaq.client.errors import (
-    BrokerError,
-    ClientClosed,
-    ConnectionLost,
-    MessageTooLarge,
-    MetaClientError,
-    NoBrokerAvailable,
-    OffsetOutOfRange,
-    RequestTimeout,
-    UnknownTopicOrPartition,
-)
-from pymetaq.client.message import Message, Partition, SendResult
-from pymetaq.client.producer import AsyncProducer, Producer, ProducerConfig
+if TYPE_CHECKING:
+    from pymetaq.client.consumer import AsyncConsumer, Consumer, ConsumerConfig
+    from pymetaq.client.errors import (
+        BrokerError,
+        ClientClosed,
+        ConnectionLost,
+        MessageMayBeStored,
+        MessageTooLarge,
+        MetaClientError,
+        NoBrokerAvailable,
+        OffsetOutOfRange,
+        RequestTimeout,
+        UnknownTopicOrPartition,
+    )
+    from pymetaq.client.producer import (
+        AsyncProducer,
+        BatchHandle,
+        OrderedProducer,
+        Producer,
+        ProducerConfig,
+        SendHandle,
+    )
+    from pymetaq.client.types import Message, SendResult, TopicPartition
 
+#: public name -> the module that defines it
 _LAZY = {
-    "OrderedProducer": "pymetaq.client.ordered",
-    "Consumer": "pymetaq.client.consumer",
-    "AsyncConsumer": "pymetaq.client.consumer",
-    "ConsumerConfig": "pymetaq.client.consumer",
+    "AsyncConsumer": "pymetaq.client.consumer.aio",
+    "Consumer": "pymetaq.client.consumer.sync",
+    "ConsumerConfig": "pymetaq.client.consumer.config",
+    "AsyncProducer": "pymetaq.client.producer.aio",
+    "Producer": "pymetaq.client.producer.sync",
+    "OrderedProducer": "pymetaq.client.producer.ordered",
+    "ProducerConfig": "pymetaq.client.producer.config",
+    "BatchHandle": "pymetaq.client.producer.batch",
+    "SendHandle": "pymetaq.client.producer.batch",
+    "Message": "pymetaq.client.types",
+    "SendResult": "pymetaq.client.types",
+    "TopicPartition": "pymetaq.client.types",
+    "BrokerError": "pymetaq.client.errors",
+    "ClientClosed": "pymetaq.client.errors",
+    "ConnectionLost": "pymetaq.client.errors",
+    "MessageTooLarge": "pymetaq.client.errors",
+    "MetaClientError": "pymetaq.client.errors",
+    "NoBrokerAvailable": "pymetaq.client.errors",
+    "OffsetOutOfRange": "pymetaq.client.errors",
+    "RequestTimeout": "pymetaq.client.errors",
+    "UnknownTopicOrPartition": "pymetaq.client.errors",
+    "MessageMayBeStored": "pymetaq.client.errors",
 }
 
 __all__ = [
@@ -48,17 +77,18 @@ __all__ = [
     "Consumer",
     "ConsumerConfig",
     "Message",
+    "MessageMayBeStored",
     "MessageTooLarge",
     "MetaClientError",
     "NoBrokerAvailable",
     "OffsetOutOfRange",
     "OrderedProducer",
-    "Partition",
     "Producer",
     "ProducerConfig",
     "RequestTimeout",
     "SendHandle",
     "SendResult",
+    "TopicPartition",
     "UnknownTopicOrPartition",
 ]
 
@@ -70,3 +100,7 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

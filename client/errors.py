@@ -1,7 +1,7 @@
 """The client's exception tree, and the one place that maps wire result codes to exceptions.
 
 ```
-MetaClientError (retriable: bool)
+MetaClientError (retriable: bool, invalid_metadata: bool)
 ├── BrokerError (code, message)          a non-200 ``result`` reply
 │   ├── BadRequest             400       malformed request (never retriable)
 │   ├── PartitionClosed        403       partition closed by an operator (retriable)
@@ -13,14 +13,36 @@ MetaClientError (retriable: bool)
 ├── OffsetOutOfRange (new_offset)  301   the offset moved; fetch from ``new_offset``
 ├── UnknownTopicOrPartition              no broker serves the topic / partition (not retriable)
 ├── MessageTooLarge                      a message is bigger than the configured limit
-├── CorruptMessage (offset)              a fetched record failed its CRC or framing
-├── RequestTimeout                       no reply within the timeout; a put MAY have been
-│                                        stored (retriable; a retry can duplicate)
-├── ConnectionLost                       the connection failed with the request pending;
-│                                        a put MAY have been stored (retriable)
-├── NoBrokerAvailable                    could not connect to any (or the needed) broker
-└── ClientClosed                         the producer/consumer was closed (not retriable)
+├── CorruptMessage (offset, reason)      a fetched record failed its CRC or framing
+│   └── UndecodableRecord (record, flag) CRC-valid but undecodable (bad flag, attribute
+│                                        framing, lz4 flag on non-lz4 data): handed to the
+│                                        consumer's reject policy, never retried
+├── RequestTimeout (m)                   no reply within the timeout (retriable)
+├── ConnectionLost (m)                   the connection failed with the request pending (r)
+├── MessageMayBeStored (cause)           a send whose bytes were written failed: the broker
+│   │                                    MAY have stored it (retriable; a retry can duplicate)
+│   ├── MayBeStoredTimeout (m)           ... also a RequestTimeout
+│   └── MayBeStoredConnectionLost (m)    ... also a ConnectionLost
+├── NoBrokerAvailable (m)                could not connect to any (or the needed) broker (r)
+├── ClientClosed                         the producer/consumer was closed (not retriable)
+├── ConsumerError                        the consumer's own usage errors (not retriable)
+│   ├── NoCommittedOffset (group, tp)    initial position ``none`` and nothing committed
+│   └── NotAssigned (tp)                 a partition this consumer does not own
+└── SpoolError                           the local spool (recover / ordered producer)
+    ├── SpoolLocked (r)                  another process has the spool directory open
+    ├── SpoolFull (r)                    ``max_entries`` pending already
+    └── SpoolClosed                      the spool was closed
 ```
+
+(r) retriable; (m) ``invalid_metadata``: the client refreshes the topic's partition list in the
+background (a broker that cannot be reached drops out of it). Check the attributes, not the
+classes: ``if err.retriable: ...``, ``if err.invalid_metadata: ...``.
+
+**May have been stored.** A send is reported failed with :class:`MessageMayBeStored` when some
+attempt's request was written to the broker's connection and then got no answer (timeout, lost
+connection): the broker may have appended it and lost the reply. Resending it (``retries`` or
+the application) is safe for order but can store it twice (at-least-once). A failure that is
+*not* a ``MessageMayBeStored`` was never stored.
 
 Use :func:`error_for_reply` to turn a ``(code, body)`` reply into the matching exception.
 
@@ -29,11 +51,18 @@ Thread-safe: plain exception classes and a pure function.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MetaClientError(Exception):
-    """Base class of every pymetaq.client error; ``retriable`` says whether a retry can help."""
+    """Base class of every pymetaq.client error.
+
+    ``retriable``: a retry can help. ``invalid_metadata``: the topic's cached partition list may
+    be stale (the client refreshes it in the background).
+    """
 
     retriable: bool = False
+    invalid_metadata: bool = False
 
 
 class BrokerError(MetaClientError):
@@ -105,24 +134,124 @@ class CorruptMessage(MetaClientError):
         self.reason = reason
 
 
+class UndecodableRecord(CorruptMessage):
+    """A record whose CRC is valid but which cannot be decoded (a flag this client does not
+    know how to read, a bad attribute length, an lz4 flag on data that is not an lz4 frame).
+
+    ``record`` is the whole stored record (header + data) as fetched, ``flag`` its flag,
+    ``msg_id`` its id and ``next_offset`` the offset after it. Retrying cannot help: the
+    consumer hands it to its reject policy and moves on.
+    """
+
+    def __init__(
+        self, offset: int, reason: str, *, record: bytes, flag: int, msg_id: int, next_offset: int
+    ) -> None:
+        super().__init__(offset, reason)
+        self.record = record
+        self.flag = flag
+        self.msg_id = msg_id
+        self.next_offset = next_offset
+
+
 class RequestTimeout(MetaClientError):
-    """No reply in time. For a put the message may or may not have been stored."""
+    """No reply in time (a put that was written: see :class:`MessageMayBeStored`)."""
 
     retriable = True
+    invalid_metadata = True
 
 
 class ConnectionLost(MetaClientError):
     """The connection failed while the request was pending (or could not be used)."""
 
     retriable = True
+    invalid_metadata = True
+
+
+class MessageMayBeStored(MetaClientError):
+    """A send whose request was written to the broker failed without an answer: the broker
+    MAY have stored it. ``cause`` is the last attempt's error. Retriable: a resend is safe for
+    order but may store the message twice (at-least-once)."""
+
+    retriable = True
+    invalid_metadata = True
+
+    def __init__(self, what: str, cause: BaseException | None = None) -> None:
+        reason = f": {cause}" if cause is not None else ""
+        super().__init__(f"{what} may have been stored{reason}")
+        self.cause = cause
+
+
+class MayBeStoredTimeout(MessageMayBeStored, RequestTimeout):
+    """No reply to a written send in time: may have been stored (also a RequestTimeout)."""
+
+
+class MayBeStoredConnectionLost(MessageMayBeStored, ConnectionLost):
+    """The connection died with a written send pending: may have been stored."""
+
+
+def may_be_stored(what: str, cause: MetaClientError) -> MessageMayBeStored:
+    """The :class:`MessageMayBeStored` for a written send that failed with ``cause``."""
+    if isinstance(cause, MessageMayBeStored):
+        return cause
+    if isinstance(cause, RequestTimeout):
+        return MayBeStoredTimeout(what, cause)
+    if isinstance(cause, ConnectionLost):
+        return MayBeStoredConnectionLost(what, cause)
+    return MessageMayBeStored(what, cause)
 
 
 class NoBrokerAvailable(MetaClientError):
     retriable = True
+    invalid_metadata = True
 
 
 class ClientClosed(MetaClientError):
     retriable = False
+
+
+class ConsumerError(MetaClientError):
+    """Base of the consumer's own errors."""
+
+    retriable = False
+
+
+class NoCommittedOffset(ConsumerError):
+    """Initial position ``none`` and the group has no committed offset for a partition."""
+
+    def __init__(self, group: str, tp: Any) -> None:
+        super().__init__(f"group {group!r} has no committed offset for {tp}")
+        self.group = group
+        self.topic_partition = tp
+
+
+class NotAssigned(ConsumerError):
+    """The partition is not (or no longer) owned by this consumer."""
+
+    def __init__(self, tp: Any) -> None:
+        super().__init__(f"{tp} is not assigned to this consumer")
+        self.topic_partition = tp
+
+
+class SpoolError(MetaClientError):
+    """Base of spool faults; ``retriable`` says whether retrying may succeed."""
+
+    retriable = False
+
+
+class SpoolLocked(SpoolError):
+    """Another process has this spool directory open."""
+
+    retriable = True
+
+
+class SpoolFull(SpoolError):
+    """The spool holds ``max_entries`` pending messages already."""
+
+    retriable = True
+
+
+class SpoolClosed(SpoolError):
+    """The spool was closed."""
 
 
 _BY_CODE: dict[int, type[BrokerError]] = {

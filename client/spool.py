@@ -51,7 +51,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pymetaq.client.errors import MetaClientError
+from pymetaq.client.errors import SpoolClosed, SpoolFull, SpoolLocked
 from pymetaq.storage.record import CorruptRecordError, Record, encode_record, iter_records
 
 FRAME_ADD = 1
@@ -61,28 +61,6 @@ _META = struct.Struct(">qi")  # offset, attempts
 _STR_LEN = struct.Struct(">H")
 
 log = logging.getLogger(__name__)
-
-
-class SpoolError(MetaClientError):
-    """Base of spool faults; ``retriable`` says whether retrying may succeed."""
-
-    retriable = False
-
-
-class SpoolLocked(SpoolError):
-    """Another process has this spool directory open."""
-
-    retriable = True
-
-
-class SpoolFull(SpoolError):
-    """The spool holds ``max_entries`` pending messages already."""
-
-    retriable = True
-
-
-class SpoolClosed(SpoolError):
-    """The spool was closed."""
 
 
 @dataclass(frozen=True)

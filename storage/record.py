@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pymetaq.storage.checksum import MASK31, checksum
+from pymetaq.storage.errors import StorageError
 
 HEADER = struct.Struct(">iiqi")
 HEADER_SIZE = HEADER.size  # 20
@@ -128,8 +129,10 @@ def iter_records(
         pos = stop
 
 
-class CorruptRecordError(ValueError):
-    """A record whose framing or checksum is invalid; ``offset`` is where it starts."""
+class CorruptRecordError(StorageError, ValueError):
+    """A record whose framing or checksum is invalid; ``offset`` is where it starts.
+
+    Storage corruption, so a :class:`StorageError`; still a ``ValueError`` for older callers."""
 
     def __init__(self, offset: int, reason: str) -> None:
         super().__init__(f"corrupt record at offset {offset}: {reason}")

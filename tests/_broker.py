@@ -24,11 +24,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from tests._helpers import require_integration, wait_for
 
 _LISTEN = re.compile(r"listening on ([^\s:]+):(\d+)")
 START_TIMEOUT_S = 60.0
@@ -122,6 +123,7 @@ class BrokerProcess:
 
     def launch(self, timeout: float = START_TIMEOUT_S) -> None:
         """Start the process and wait until it listens."""
+        require_integration("a broker process")
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         if self.proc is not None:  # a restart: reap the previous process and its pipe
             if self.proc.poll() is None:
@@ -146,21 +148,24 @@ class BrokerProcess:
         )
         self._reader = threading.Thread(target=self._read_log, args=(self.proc,), daemon=True)
         self._reader.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = _LISTEN.search(self.log_text())
-            if match:
-                self.host, self.port = match.group(1), int(match.group(2))
-                return
-            if self.proc.poll() is not None:
-                self._reader.join(5)
-                raise RuntimeError(
-                    f"broker exited with {self.proc.returncode} before listening:\n"
-                    + self.log_text()
-                )
-            time.sleep(0.02)
-        self.kill()
-        raise RuntimeError(f"broker did not listen within {timeout} s:\n{self.log_text()}")
+        proc = self.proc
+        try:
+            match = wait_for(
+                lambda: _LISTEN.search(self.log_text()) or proc.poll() is not None,
+                timeout,
+                "the broker's 'listening on' line",
+            )
+        except AssertionError:
+            self.kill()
+            raise RuntimeError(
+                f"broker did not listen within {timeout} s:\n{self.log_text()}"
+            ) from None
+        if not isinstance(match, re.Match):
+            self._reader.join(5)
+            raise RuntimeError(
+                f"broker exited with {proc.returncode} before listening:\n" + self.log_text()
+            )
+        self.host, self.port = match.group(1), int(match.group(2))
 
     def _read_log(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None

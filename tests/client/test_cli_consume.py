@@ -13,7 +13,9 @@ import pytest
 
 from pymetaq.offsets import FileOffsetStore, OffsetEntry
 from tests._broker import BrokerProcess
-from tests.client.test_consumer_broker import produce, server
+from tests.client._helpers import produce, server
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pymetaq.client.cli_produce import iter_length_prefixed, iter_lines
+from pymetaq.client.cli.produce import iter_length_prefixed, iter_lines
 from tests._broker import BrokerProcess
-from tests.client.test_producer_helpers import fetch_all
+from tests.client._helpers import fetch_all
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +31,7 @@ def test_framing_readers() -> None:
         list(iter_length_prefixed(io.BytesIO(struct.pack(">I", 5) + b"ab")))
 
 
+@pytest.mark.integration
 def test_produce_file_of_n_lines_stores_n_messages(broker: BrokerProcess, tmp_path: Path) -> None:
     n = 2500
     lines = [f"line {i}" for i in range(n)]
@@ -56,6 +57,7 @@ def test_produce_file_of_n_lines_stores_n_messages(broker: BrokerProcess, tmp_pa
         assert nums == sorted(nums)
 
 
+@pytest.mark.integration
 def test_produce_stdin_length_framed_with_key_and_lz4(broker: BrokerProcess) -> None:
     payloads = [b"bin\x00ary\n" * i for i in range(50)]
     data = b"".join(struct.pack(">I", len(p)) + p for p in payloads)
@@ -68,6 +70,7 @@ def test_produce_stdin_length_framed_with_key_and_lz4(broker: BrokerProcess) -> 
     assert [m.value for m in fetch_all(broker.address, "framed", 0)] == payloads
 
 
+@pytest.mark.integration
 def test_produce_reports_unreachable_server(tmp_path: Path) -> None:
     path = tmp_path / "x"
     path.write_text("a\n")

@@ -16,18 +16,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from pymetaq.client.consumer import AsyncConsumer, Consumer, offset_entry
-from pymetaq.client.consumer_config import NoCommittedOffset, TopicPartition
-from pymetaq.client.core import BrokerSet, Message, build_records
-from pymetaq.client.protocol import BatchPutCommand
+from pymetaq.client.errors import NoCommittedOffset
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import FileOffsetStore, OffsetEntry, SqlOffsetStore, open_offset_store
 from tests._broker import BrokerProcess
+from tests._helpers import wait_for
 from tests._services import free_port
+from tests.client._helpers import produce, server
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPICS = {
@@ -38,47 +43,13 @@ TOPICS = {
     "bcast": {"numPartitions": 2},
     "big": {"numPartitions": 1},
 }
-FAST = dict(max_delay_fetch_ms=100, long_poll_ms=200, commit_interval=0.1)
+FAST: dict[str, Any] = dict(max_delay_fetch_ms=100, long_poll_ms=200, commit_interval_s=0.1)
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     with BrokerProcess.start(tmp_path_factory.mktemp("cbroker"), topics=TOPICS) as b:
         yield b
-
-
-def server(b: BrokerProcess) -> str:
-    return f"meta://{b.host}:{b.port}"
-
-
-def produce(b: BrokerProcess, topic: str, partition: int, values: list[bytes]) -> list[int]:
-    """bput ``values`` in batches of 500; returns the offset of each batch's first record."""
-
-    async def go() -> list[int]:
-        bs = BrokerSet(server(b))
-        await bs.start()
-        try:
-            conn = await bs.connection(0)
-            firsts = []
-            for i in range(0, len(values), 500):
-                chunk = values[i : i + 500]
-                cmd = BatchPutCommand(topic, partition, build_records(chunk), len(chunk))
-                reply = await conn.request(cmd, 30)
-                assert reply.code == 200, reply  # type: ignore[union-attr]
-                firsts.append(int(reply.body.split()[2]))  # type: ignore[union-attr]
-            return firsts
-        finally:
-            bs.close()
-
-    return asyncio.run(go())
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s")
-        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------- order, positions
@@ -190,7 +161,9 @@ def test_offset_below_retention_moves_to_the_first_segment(tmp_path: Path) -> No
         with Consumer(server(b), "rg", store, **FAST) as c:
             c.subscribe("ret")
             got: list[Message] = []
-            while len(got) < 3:
+            for _ in range(30):  # bounded: 30 polls of up to 1 s
+                if len(got) >= 3:
+                    break
                 got += c.poll(1.0, max_records=3 - len(got))
         committed = store.load("rg", "ret", "0-0")
         assert committed is not None and committed.offset == got[2].next_offset
@@ -211,7 +184,9 @@ def test_offset_below_retention_moves_to_the_first_segment(tmp_path: Path) -> No
         with Consumer(server(b), "rg", store, **FAST) as c:
             c.subscribe("ret")
             batch = c.poll(5.0)
-            while not batch:
+            for _ in range(12):  # bounded: a minute
+                if batch:
+                    break
                 batch = c.poll(5.0)
             assert batch[0].offset >= start and batch[0].value.startswith(b"new-")
             assert c.stats["moved"] == 1
@@ -250,8 +225,9 @@ def test_max_size_grows_for_a_big_record(broker: BrokerProcess) -> None:
         ) as c:
             c.subscribe("big")
             out: list[bytes] = []
-            while len(out) < 3:
-                out += [m.value for m in await c.poll(5.0)]
+            async with asyncio.timeout(60):
+                while len(out) < 3:
+                    out += [m.value for m in await c.poll(5.0)]
             assert c.stats["grown"] >= 1
             return out
 
@@ -299,15 +275,15 @@ def test_failing_listener_attempts_spool_and_redelivery(
         seen.append(m.value)
 
     store = FileOffsetStore(tmp_path / "o.json")
-    kw = dict(FAST, max_fetch_retries=3, recover_dir=str(tmp_path / "rec"))
-    with Consumer(server(broker), "fg", store, recover_interval=3600, **kw) as c:
+    kw: dict[str, Any] = dict(FAST, max_fetch_retries=3, recover_dir=str(tmp_path / "rec"))
+    with Consumer(server(broker), "fg", store, recover_interval_s=3600, **kw) as c:
         c.subscribe("fail", listener)
         c.start()
         wait_for(lambda: seen == [b"ok-1", b"ok-2"], what="the partition moves past the poison")
     assert attempts["poison"] == 1 + 3
     assert any((tmp_path / "rec" / "fail@fg").glob("*.spool"))
     healed.set()
-    with Consumer(server(broker), "fg", store, recover_interval=0.1, **kw) as c:  # a restart
+    with Consumer(server(broker), "fg", store, recover_interval_s=0.1, **kw) as c:  # a restart
         c.subscribe("fail", listener)
         c.start()
         wait_for(lambda: b"poison" in seen, what="redelivery from the spool")
@@ -323,7 +299,7 @@ def test_broadcast_every_instance_gets_everything(broker: BrokerProcess, tmp_pat
     consumers = []
     for inst in ("a", "b"):
         c = Consumer(server(broker), "news", store, broadcast=True, instance_id=inst, **FAST)
-        c.subscribe("bcast", lambda m, inst=inst: got[inst].append(m.value))
+        c.subscribe("bcast", partial(_collect, got[inst]))
         consumers.append(c)
     for c in consumers:
         c.start()
@@ -369,9 +345,7 @@ def kill_loop(
         child = start()
         target = min(before + rng.randint(1, total // (kills + 1)), total - 1)
         try:
-            wait_for(
-                lambda t=target, ch=child: progress() >= t or ch.poll() is not None, 60, "progress"
-            )
+            wait_for(partial(_progressed, progress, target, child), 60, "progress")
             assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
         finally:
             child.send_signal(signal.SIGKILL)
@@ -523,6 +497,15 @@ def _child_exactly(srv: str, url: str, group: str) -> None:
     threading.Event().wait()
 
 
+def _collect(out: list[bytes], m: Message) -> None:
+    out.append(m.value)
+
+
+def _progressed(progress: Callable[[], int], target: int, child: subprocess.Popen[bytes]) -> bool:
+    return progress() >= target or child.poll() is not None
+
+
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
-    {"atleast": _child_atleast, "exactly": _child_exactly}[mode](*rest)
+    child = _child_atleast if mode == "atleast" else _child_exactly
+    child(*rest)

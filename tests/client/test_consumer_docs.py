@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests._broker import BrokerProcess
-from tests.client.test_consumer_broker import produce, server
+from tests.client._helpers import produce, server
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from pymetaq.client.consumer import Consumer
-from pymetaq.client.consumer_batch import MessageBatch
-from pymetaq.client.consumer_config import TopicPartition
-from pymetaq.client.consumer_scan import scan
-from pymetaq.client.core import Message, build_record, decode_messages
+from pymetaq.client.consumer.batch import MessageBatch
+from pymetaq.client.consumer.scan import scan
+from pymetaq.client.transport.records import build_record, decode_messages
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import FileOffsetStore
-from tests.client.test_consumer_unit import FakeLog, FakeTransport, Recording, cfg, wait_for
+from tests._helpers import wait_for
+from tests.client._helpers import FakeLog, FakeTransport, Recording, cfg
 
 TP = TopicPartition("t", 3, 1)
 Expected = tuple[list[Message], int, int, int, str]

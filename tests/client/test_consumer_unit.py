@@ -3,120 +3,31 @@
 from __future__ import annotations
 
 import asyncio
-import struct
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pymetaq.client.consumer import AsyncConsumer, Consumer, offset_entry
-from pymetaq.client.consumer_batch import MessageBatch, Messages
-from pymetaq.client.consumer_config import (
+from pymetaq.client.consumer.batch import MessageBatch, Messages
+from pymetaq.client.consumer.config import (
     ConsumerConfig,
     InitialPosition,
-    NoCommittedOffset,
-    TopicPartition,
     default_instance_id,
     effective_group,
 )
-from pymetaq.client.consumer_fetch import (
-    FetchReply,
-    FetchStatus,
-    PartitionState,
-    Step,
-    apply_scan,
-    backoff,
-    grown_size,
-    scan,
-)
-from pymetaq.client.consumer_recover import DropPolicy, LocalRecoverPolicy
-from pymetaq.client.core import Message, build_record, compress_batch
+from pymetaq.client.consumer.recover import DropPolicy, LocalRecoverPolicy
+from pymetaq.client.consumer.scan import scan
+from pymetaq.client.consumer.state import PartitionState, Step, apply_scan, backoff, grown_size
+from pymetaq.client.errors import NoCommittedOffset
+from pymetaq.client.transport.records import build_record, compress_batch
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import FileOffsetStore, OffsetEntry
+from tests._helpers import wait_for
+from tests.client._helpers import FakeLog, FakeTransport, Recording, cfg, run, stamped
 
 TP = TopicPartition("t", 0, 0)
-
-
-def stamped(value: bytes, msg_id: int, attribute: str | None = None) -> bytes:
-    rec = bytearray(build_record(value, attribute))
-    struct.pack_into(">q", rec, 8, msg_id)
-    return bytes(rec)
-
-
-class FakeLog:
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.min_offset = 0
-        self.next_id = 1
-        self.offsets: list[int] = []
-
-    def append(self, value: bytes, attribute: str | None = None) -> int:
-        off = self.min_offset + len(self.data)
-        self.data += stamped(value, self.next_id, attribute)
-        self.next_id += 1
-        self.offsets.append(off)
-        return off
-
-    @property
-    def max_offset(self) -> int:
-        return self.min_offset + len(self.data)
-
-
-class FakeTransport:
-    """In-memory ConsumerTransport: one log per partition, MetaQ's get/offset rules."""
-
-    def __init__(self, partitions: dict[TopicPartition, FakeLog]) -> None:
-        self.logs = partitions
-        self.fetches: list[tuple[TopicPartition, int, int]] = []
-        self.corrupt_once: dict[tuple[TopicPartition, int], int] = {}  # (tp, fetch off) -> byte
-        self.closed = False
-
-    async def start(self) -> None:
-        pass
-
-    async def partitions(self, topic: str) -> list[TopicPartition]:
-        return sorted(tp for tp in self.logs if tp.topic == topic)
-
-    async def fetch(
-        self, tp: TopicPartition, group: str, offset: int, max_size: int, max_wait_ms: int
-    ) -> FetchReply:
-        self.fetches.append((tp, offset, max_size))
-        log = self.logs[tp]
-        await asyncio.sleep(0)
-        if offset < log.min_offset or offset > log.max_offset:
-            return FetchReply(
-                FetchStatus.MOVED, new_offset=await self.nearest_offset(tp, group, offset)
-            )
-        if offset == log.max_offset:
-            return FetchReply(FetchStatus.NO_DATA)
-        start = offset - log.min_offset
-        data = bytearray(log.data[start : start + max_size])
-        flip = self.corrupt_once.pop((tp, offset), None)
-        if flip is not None:
-            data[flip] ^= 0xFF
-        return FetchReply(FetchStatus.DATA, bytes(data))
-
-    async def nearest_offset(self, tp: TopicPartition, group: str, offset: int) -> int:
-        log = self.logs[tp]  # one segment: its start, or the end when beyond it
-        return log.max_offset if offset > log.max_offset else log.min_offset
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def cfg(**kw: object) -> ConsumerConfig:
-    base: dict[str, object] = dict(long_poll_ms=0, max_delay_fetch_ms=50, commit_interval=3600.0)
-    base.update(kw)
-    return ConsumerConfig(**base)  # type: ignore[arg-type]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.005)
 
 
 # ---------------------------------------------------------------- pure pieces
@@ -207,10 +118,6 @@ def two_partitions(n: int) -> tuple[FakeTransport, dict[TopicPartition, list[int
     return FakeTransport(logs), ids
 
 
-def run(coro: object) -> object:
-    return asyncio.run(coro)  # type: ignore[arg-type]
-
-
 def test_poll_order_positions_and_commit(tmp_path: Path) -> None:
     tr, ids = two_partitions(200)
     store = FileOffsetStore(tmp_path / "off.json")
@@ -221,11 +128,12 @@ def test_poll_order_positions_and_commit(tmp_path: Path) -> None:
         )
         c.subscribe("t")
         got: dict[TopicPartition, list[int]] = {tp: [] for tp in ids}
-        while sum(map(len, got.values())) < 200:
-            batch = await c.poll(1.0)
-            assert batch
-            for m in batch:
-                got[TopicPartition(m.topic, m.broker_id, m.partition)].append(m.id)
+        async with asyncio.timeout(30):
+            while sum(map(len, got.values())) < 200:
+                batch = await c.poll(1.0)
+                assert batch
+                for m in batch:
+                    got[TopicPartition(m.topic, m.broker_id, m.partition)].append(m.id)
         assert got == ids  # every message, in log order per partition
         tp0 = TopicPartition("t", 0, 0)
         end0 = tr.logs[tp0].max_offset
@@ -246,7 +154,7 @@ def test_restart_resumes_from_commit_and_initial_schemes(tmp_path: Path) -> None
     tp1 = TopicPartition("t", 0, 1)
     store.commit("g", [OffsetEntry("t", "0-1", tr.logs[tp1].offsets[3], 4)])
 
-    async def first(**kw: object) -> list[Message]:
+    async def first(**kw: Any) -> list[Message]:
         c = AsyncConsumer(
             group=kw.pop("group", "g"), offset_store=store, config=cfg(**kw), transport=tr
         )
@@ -291,8 +199,8 @@ def test_seek_moved_and_crc_resync() -> None:
         first = await c.poll(1.0)
         assert [m.value for m in first] == [b"x00", b"x01", b"x02", b"x03"]
         c.seek(TP, log.offsets[10])
-        got = await c.poll(1.0)
-        assert got[0].value == b"x10"
+        moved = await c.poll(1.0)
+        assert moved[0].value == b"x10"
         # 301: beyond the end -> moved to the end; below the start -> moved to the start
         c.seek(TP, log.max_offset + 1000)
         assert await c.poll(0.05) == []
@@ -301,9 +209,10 @@ def test_seek_moved_and_crc_resync() -> None:
         # next fetch starts at the bad record (a transmission error heals there)
         c.seek(TP, log.offsets[15])
         tr.corrupt_once[(TP, log.offsets[15])] = 30
-        got = []
-        while len(got) < 5:
-            got += await c.poll(1.0)
+        got: list[Message] = []
+        async with asyncio.timeout(30):
+            while len(got) < 5:
+                got += await c.poll(1.0)
         assert [m.value for m in got] == [b"x15", b"x16", b"x17", b"x18", b"x19"]
         assert c.stats["crc_errors"] == 1
         # a corrupt first record: MetaQ's resync -> offset query -> restart at the segment
@@ -312,8 +221,9 @@ def test_seek_moved_and_crc_resync() -> None:
         tr.corrupt_once[(TP, log.offsets[12])] = 5
         fetched_at_zero = tr.fetches.count((TP, 0, 100))
         got = []
-        while len(got) < 8:
-            got += await c.poll(1.0)
+        async with asyncio.timeout(30):
+            while len(got) < 8:
+                got += await c.poll(1.0)
         assert [m.value for m in got] == [b"x%02d" % i for i in range(12, 20)]
         assert c.stats["crc_errors"] == 2
         assert tr.fetches.count((TP, 0, 100)) == fetched_at_zero + 1
@@ -344,20 +254,6 @@ def test_retention_moves_offset_forward() -> None:
 
 
 # ---------------------------------------------------------------- listener mode (sync face)
-
-
-class Recording:
-    def __init__(self) -> None:
-        self.rejected: list[tuple[Message, BaseException]] = []
-
-    def bind(self, group: str, listeners: dict[str, object]) -> None:
-        pass
-
-    def reject(self, message: Message, error: BaseException) -> None:
-        self.rejected.append((message, error))
-
-    def close(self) -> None:
-        pass
 
 
 def test_listener_retries_exactly_then_rejects(tmp_path: Path) -> None:
@@ -414,7 +310,7 @@ def test_recover_spool_redelivers_after_restart(tmp_path: Path) -> None:
             offset_store=FileOffsetStore(tmp_path / "o.json"),
             transport=tr,
             config=cfg(
-                max_fetch_retries=1, recover_dir=str(tmp_path / "rec"), recover_interval=0.05
+                max_fetch_retries=1, recover_dir=str(tmp_path / "rec"), recover_interval_s=0.05
             ),
         )
 
@@ -487,8 +383,9 @@ def test_assign_commits_released_partitions_and_positions_new_ones(tmp_path: Pat
     async def main() -> None:
         c = AsyncConsumer(group="g", offset_store=store, config=cfg(), transport=tr).subscribe("t")
         got: list[Message] = []
-        while len(got) < 6:
-            got += await c.poll(1.0)
+        async with asyncio.timeout(30):
+            while len(got) < 6:
+                got += await c.poll(1.0)
         await c.poll(0.01)  # the first poll's messages now count as consumed
         await c.assign([tp0])  # release tp1: its position is committed first
         assert c.assignment() == [tp0]

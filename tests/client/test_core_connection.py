@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 import zlib
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
-from pymetaq.client.accumulator import Accumulator
-from pymetaq.client.connection import BrokerConnection, LoopThread, raise_for_reply
 from pymetaq.client.errors import (
     ClientClosed,
     ConnectionLost,
@@ -20,8 +20,8 @@ from pymetaq.client.errors import (
     RequestTimeout,
     UnknownTopicOrPartition,
 )
-from pymetaq.client.message import Partition, decode_messages
-from pymetaq.client.partitioner import (
+from pymetaq.client.producer.accumulator import Accumulator
+from pymetaq.client.producer.partitioner import (
     OutgoingMessage,
     RoundRobin,
     key_hash_index,
@@ -37,6 +37,10 @@ from pymetaq.client.protocol import (
     VersionCommand,
     encode,
 )
+from pymetaq.client.transport.connection import BrokerConnection, raise_for_reply
+from pymetaq.client.transport.loop import LoopThread
+from pymetaq.client.transport.records import decode_messages
+from pymetaq.client.types import TopicPartition
 
 Handler = Callable[[list[object], asyncio.StreamWriter], Awaitable[None]]
 
@@ -90,8 +94,8 @@ def test_timeout_then_lost_connection_fail_pending_requests() -> None:
         async with server:
             conn = await BrokerConnection.open("127.0.0.1", port)
             with pytest.raises(RequestTimeout):
-                await conn.request(VersionCommand(0), timeout=0.05)
-            pending = [conn.send_request(VersionCommand(0), timeout=30) for _ in range(2)]
+                await conn.request(VersionCommand(0), timeout_s=0.05)
+            pending = [conn.send_request(VersionCommand(0), timeout_s=30) for _ in range(2)]
             for fut in pending:
                 with pytest.raises(ConnectionLost) as e:
                     await fut
@@ -119,7 +123,7 @@ def test_on_done_runs_once_per_request_on_reply_timeout_and_loss() -> None:
     async def main() -> list[tuple[str, str]]:
         calls: list[tuple[str, str]] = []
 
-        def hook(name: str, fut: asyncio.Future[object]) -> None:
+        def hook(name: str, fut: asyncio.Future[Any]) -> None:
             assert fut.done()
             exc = fut.exception()
             calls.append((name, type(exc).__name__ if exc else "ok"))
@@ -161,7 +165,7 @@ def test_on_done_runs_once_per_request_on_reply_timeout_and_loss() -> None:
 def test_connect_failure_is_no_broker_available() -> None:
     async def main() -> None:
         with pytest.raises(NoBrokerAvailable):
-            await BrokerConnection.open("127.0.0.1", 1, connect_timeout=1)
+            await BrokerConnection.open("127.0.0.1", 1, connect_timeout_s=1)
 
     asyncio.run(main())
 
@@ -202,12 +206,20 @@ def _acc(**kw: object) -> tuple[Accumulator, list[int]]:
 
 def test_accumulator_batches_per_partition_and_closes_full_batches() -> None:
     acc, wakes = _acc()
-    p0, p1 = Partition(0, 0), Partition(0, 1)
-    hs = [acc.append("t", p0 if i % 2 == 0 else p1, f"v{i}".encode(), None) for i in range(8)]
-    q0, q1 = acc.queues[("t", p0)], acc.queues[("t", p1)]
-    assert [b.count for b in q0] == [3, 1] and [b.count for b in q1] == [3, 1]
-    assert [b.open for b in q0] == [False, True]
+    p0, p1 = TopicPartition("t", 0, 0), TopicPartition("t", 0, 1)
+    hs = [acc.append(p0 if i % 2 == 0 else p1, f"v{i}".encode(), None) for i in range(8)]
     assert len(wakes) == 1  # coalesced until the sender runs
+    # the full batches are due; the open ones wait for their linger time (10 s)
+    due, next_due = acc.drain_due(time.monotonic(), max_in_flight=5, part_limit=5)
+    assert [(b.tp, b.count, b.open) for b in due] == [(p0, 3, False), (p1, 3, False)]
+    assert next_due is not None and next_due > time.monotonic() + 5
+    # a flush makes the open batches due too
+    waiting = acc.begin_flush()
+    assert len(waiting) == 4
+    rest, _ = acc.drain_due(time.monotonic(), max_in_flight=5, part_limit=5)
+    acc.end_flush()
+    assert [(b.tp, b.count) for b in rest] == [(p0, 1), (p1, 1)]
+    q0 = [due[0], rest[0]]
     body = b"".join(q0[0].parts)
     msgs, _ = decode_messages(body, "t", 0, 0)
     assert [m.value for m in msgs] == [b"v0", b"v2", b"v4"]
@@ -221,18 +233,35 @@ def test_accumulator_batches_per_partition_and_closes_full_batches() -> None:
 
 def test_accumulator_buffer_limit_blocks_then_times_out() -> None:
     acc, _ = _acc(buffer_bytes=100)
-    acc.append("t", Partition(0, 0), b"x" * 60, None)
+    tp = TopicPartition("t", 0, 0)
+    acc.append(tp, b"x" * 60, None)
     with pytest.raises(RequestTimeout):
-        acc.append("t", Partition(0, 0), b"y" * 60, None, block_s=0.05)
+        acc.append(tp, b"y" * 60, None, block_s=0.05)
+
+
+def test_accumulator_in_flight_slots_and_reenqueue() -> None:
+    acc, _ = _acc(batch_messages=1)
+    tp = TopicPartition("t", 0, 0)
+    for i in range(3):
+        acc.append(tp, b"%d" % i, None)
+    first, _ = acc.drain_due(time.monotonic(), max_in_flight=5, part_limit=1)
+    assert len(first) == 1  # one slot per partition
+    assert acc.drain_due(time.monotonic(), max_in_flight=5, part_limit=1)[0] == []
+    acc.reenqueue(first[0])  # a retry goes back to the head and frees the slot
+    again, _ = acc.drain_due(time.monotonic(), max_in_flight=5, part_limit=1)
+    assert again == first
+    acc.finished(again[0])
+    second, _ = acc.drain_due(time.monotonic(), max_in_flight=5, part_limit=1)
+    assert [b.parts[1] for b in second] == [b"1"]
 
 
 def test_partitioner_helpers() -> None:
-    parts = [Partition(0, 0), Partition(0, 1), Partition(1, 0)]
+    parts = [TopicPartition("t", 0, 0), TopicPartition("t", 0, 1), TopicPartition("t", 1, 0)]
     rr = RoundRobin()
     assert [rr(3) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
     assert key_hash_index(b"abc", 3) == zlib.crc32(b"abc") % 3
     assert resolve_explicit("t", parts, "1-0") == 2
-    assert resolve_explicit("t", parts, Partition(0, 1)) == 1
+    assert resolve_explicit("t", parts, TopicPartition("t", 0, 1)) == 1
     assert resolve_explicit("t", parts, 0) == 0
     for bad in (3, "2-0", -1):
         with pytest.raises(UnknownTopicOrPartition):

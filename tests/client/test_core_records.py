@@ -22,16 +22,14 @@ from pymetaq.client.errors import (
     UnknownTopicOrPartition,
     error_for_reply,
 )
-from pymetaq.client.message import (
-    Message,
-    Partition,
+from pymetaq.client.transport.records import (
     build_record,
     build_records,
     compress_batch,
-    count_records,
     decode_messages,
 )
-from pymetaq.client.servers import parse_servers, parse_stats
+from pymetaq.client.transport.servers import parse_servers, parse_stats
+from pymetaq.client.types import Message, TopicPartition
 from pymetaq.storage.record import FLAG_LZ4_BATCH, encode_data, encode_record, iter_records
 
 
@@ -58,7 +56,7 @@ def test_build_record_exact_bytes() -> None:
 def test_build_records_concatenates() -> None:
     values = [b"a", b"bb", b"", b"cccc"]
     assert build_records(values) == b"".join(build_record(v) for v in values)
-    assert count_records(build_records(values)) == 4
+    assert len(list(iter_records(build_records(values)))) == 4
 
 
 def _stamp(buf: bytes, first_id: int) -> bytes:
@@ -178,10 +176,13 @@ def test_parse_stats() -> None:
 
 
 def test_partition_order_and_key() -> None:
-    parts = [Partition(2, 0), Partition(1, 1), Partition(1, 0), Partition(10, 0)]
-    assert sorted(parts) == [Partition(1, 0), Partition(1, 1), Partition(2, 0), Partition(10, 0)]
-    assert Partition.parse("10-3") == Partition(10, 3)
-    assert str(Partition(10, 3)) == "10-3"
+    tp = TopicPartition
+    parts = [tp("t", 2, 0), tp("t", 1, 1), tp("t", 1, 0), tp("t", 10, 0)]
+    assert sorted(parts) == [tp("t", 1, 0), tp("t", 1, 1), tp("t", 2, 0), tp("t", 10, 0)]
+    assert TopicPartition.from_key("t", "10-3") == tp("t", 10, 3)
+    assert (tp("t", 10, 3).key, str(tp("t", 10, 3))) == ("10-3", "t/10-3")
+    with pytest.raises(ValueError):
+        TopicPartition.from_key("t", "103")
 
 
 @pytest.mark.parametrize(
@@ -228,3 +229,19 @@ def test_decode_inverts_build(
     assert [(m.value, m.attribute) for m in msgs] == items
     assert nxt == base + len(buf)
     assert all(base <= m.offset < m.next_offset <= nxt for m in msgs)
+
+
+def test_error_trees_have_one_root_each() -> None:
+    """Every client error is a MetaClientError; storage corruption is a StorageError."""
+    import pymetaq.client.errors as errors
+    from pymetaq.storage.errors import StorageError
+    from pymetaq.storage.record import CorruptRecordError
+
+    client_errors = [
+        v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, Exception)
+    ]
+    assert len(client_errors) > 20
+    assert all(issubclass(e, errors.MetaClientError) for e in client_errors)
+    assert issubclass(CorruptRecordError, StorageError)
+    assert errors.may_be_stored("x", errors.RequestTimeout("t")).invalid_metadata
+    assert not errors.UnknownTopicOrPartition("t").invalid_metadata

@@ -6,20 +6,22 @@ from pathlib import Path
 
 import pytest
 
-from pymetaq.client import OrderedProducer, Partition
-from pymetaq.client.ordered import parse_layout
+from pymetaq.client import OrderedProducer, TopicPartition
+from pymetaq.client.producer.ordered import parse_layout
 from tests._broker import BrokerProcess
-from tests.client.test_producer_helpers import fetch_all, free_port
+from tests.client._helpers import fetch_all, free_port
 
 
 def test_parse_layout() -> None:
-    assert parse_layout("1:2;0:1") == [Partition(0, 0), Partition(1, 0), Partition(1, 1)]
-    assert parse_layout(2) == [Partition(0, 0), Partition(0, 1)]
-    assert parse_layout(["0-1", Partition(0, 0)]) == [Partition(0, 0), Partition(0, 1)]
+    tp = TopicPartition
+    assert parse_layout("t", "1:2;0:1") == [tp("t", 0, 0), tp("t", 1, 0), tp("t", 1, 1)]
+    assert parse_layout("t", 2) == [tp("t", 0, 0), tp("t", 0, 1)]
+    assert parse_layout("t", ["0-1", tp("x", 0, 0)]) == [tp("t", 0, 0), tp("t", 0, 1)]
     with pytest.raises(ValueError):
-        parse_layout("0-4")
+        parse_layout("t", "0-4")
 
 
+@pytest.mark.integration
 def test_order_survives_broker_stop_and_start(tmp_path: Path) -> None:
     port = free_port()
     topics = {"seq": {"numPartitions": 2}}
@@ -67,6 +69,7 @@ def test_order_survives_broker_stop_and_start(tmp_path: Path) -> None:
         broker.__exit__(None, None, None)
 
 
+@pytest.mark.integration
 def test_spool_left_by_a_previous_run_is_drained_first(tmp_path: Path) -> None:
     port = free_port()
     spool_dir = tmp_path / "spool"

@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 
 from pymetaq.client import AsyncProducer, Producer
-from pymetaq.client.batch import Batch, BatchHandle, SendHandle
+from pymetaq.client.producer.batch import Batch, BatchHandle, SendHandle
 from tests._broker import BrokerProcess
+
+pytestmark = pytest.mark.integration
 
 SENDS = 300
 

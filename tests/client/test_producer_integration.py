@@ -17,15 +17,17 @@ import pytest
 from pymetaq.client import (
     AsyncProducer,
     MessageTooLarge,
-    Partition,
     Producer,
     RequestTimeout,
+    TopicPartition,
     UnknownTopicOrPartition,
 )
 from pymetaq.client.errors import ClientClosed, ConnectionLost, NoBrokerAvailable
 from pymetaq.storage.record import FLAG_LZ4_BATCH, HEADER
 from tests._broker import BrokerProcess
-from tests.client.test_producer_helpers import SilentBroker, fetch_all, fetch_raw
+from tests.client._helpers import SilentBroker, fetch_all, fetch_raw
+
+pytestmark = pytest.mark.integration
 
 NPART = 4
 
@@ -54,7 +56,7 @@ def _all(broker: BrokerProcess, topic: str, n: int = NPART) -> list[list[bytes]]
 def test_send_stores_exact_record_and_reports_its_position(broker: BrokerProcess, url: str) -> None:
     topic = _topic()
     with Producer(url) as p:
-        assert p.partitions(topic) == [Partition(0, i) for i in range(NPART)]
+        assert p.partitions(topic) == [TopicPartition(topic, 0, i) for i in range(NPART)]
         r1 = p.send(topic, b"hello", partition=2)
         r2 = p.send(topic, b"world", partition=2, attribute="tag")
     assert r1.success and r2.success, (r1, r2)
@@ -90,12 +92,14 @@ def test_per_partition_order_with_concurrent_senders(broker: BrokerProcess, url:
     for values in _all(broker, topic):
         last: dict[int, int] = {}
         for v in values:
-            t, i = map(int, v.split(b":"))
-            assert i > last.get(t, -1), f"thread {t}: {i} after {last.get(t)} in one partition"
-            last[t] = i
-            seen[t].append(i)
-    for t in range(threads):
-        assert sorted(seen[t]) == list(range(per_thread)), "lost or duplicated messages"
+            tid, i = map(int, v.split(b":"))
+            assert i > last.get(tid, -1), (
+                f"thread {tid}: {i} after {last.get(tid)} in one partition"
+            )
+            last[tid] = i
+            seen[tid].append(i)
+    for tid in range(threads):
+        assert sorted(seen[tid]) == list(range(per_thread)), "lost or duplicated messages"
 
 
 def test_round_robin_spreads_evenly_in_partition_order(broker: BrokerProcess, url: str) -> None:
@@ -111,7 +115,7 @@ def test_round_robin_spreads_evenly_in_partition_order(broker: BrokerProcess, ur
 
 def _hash_in_subprocess(keys: list[str], n: int) -> list[int]:
     code = (
-        "import sys; from pymetaq.client.partitioner import key_hash_index as h;"
+        "import sys; from pymetaq.client.producer.partitioner import key_hash_index as h;"
         f"print(' '.join(str(h(k.encode(), {n})) for k in sys.argv[1:]))"
     )
     out = subprocess.run(
@@ -279,7 +283,7 @@ def test_close_completes_sends_still_in_flight() -> None:
         p = Producer(fake.url, request_timeout_ms=60_000)
         h = p.send_async("any", b"pending")
         assert p.flush(0.2) is False  # the broker never answers
-        p.close(timeout=0.1)
+        p.close(timeout_s=0.1)
         r = h.result(5)
         assert not r.success and isinstance(r.error, (ClientClosed, ConnectionLost))
         with pytest.raises(ClientClosed):
@@ -287,7 +291,8 @@ def test_close_completes_sends_still_in_flight() -> None:
 
 
 def test_retries_keep_order_across_a_broker_restart(tmp_path: Path) -> None:
-    from tests.client.test_producer_helpers import free_port, wait_for
+    from tests._helpers import wait_for
+    from tests.client._helpers import free_port
 
     port = free_port()
     broker = BrokerProcess.start(tmp_path, system={"serverPort": port}, topics={"r": {}})

@@ -8,14 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pymetaq.client.errors import MetaClientError
+from pymetaq.client.errors import MetaClientError, SpoolFull, SpoolLocked
 from pymetaq.client.spool import (
     FRAME_ADD,
     Spool,
     SpoolConfig,
     SpoolEntry,
-    SpoolFull,
-    SpoolLocked,
     _encode_add,
 )
 from pymetaq.storage.record import encode_data, encode_record, iter_records

@@ -122,6 +122,7 @@ def test_concurrent_threads_lose_nothing(open_store: Factory) -> None:
         assert store.load("g", "own", f"{i}-0") == OffsetEntry("own", f"{i}-0", rounds)
 
 
+@pytest.mark.integration
 def test_concurrent_processes_lose_nothing_and_never_go_backwards(
     store_spec: str, open_store: Factory
 ) -> None:

@@ -61,6 +61,7 @@ def test_commit_in_never_moves_backwards(engine: sa.Engine) -> None:
 
 
 @pytest.mark.crash
+@pytest.mark.integration
 def test_sigkill_inside_the_transaction_leaves_neither(sql_url: str, engine: sa.Engine) -> None:
     ctx = multiprocessing.get_context("spawn")
     parent_end, child_end = ctx.Pipe()

@@ -179,7 +179,7 @@ MISUSE: list[tuple[Any, type[Exception]]] = [
     (PutCommand("t\r\n", 0, b""), LocalProtocolError),
     (PutCommand("t", 1 << 31, b""), LocalProtocolError),
     (PutCommand("t", True, b""), LocalProtocolError),
-    (PutCommand("t", 0, "text"), LocalProtocolError),
+    (PutCommand("t", 0, "text"), LocalProtocolError),  # type: ignore[arg-type]
     (PutCommand("t", 0, b"", checksum=5, form=PutForm.LEGACY), LocalProtocolError),
     (PutCommand("t", 0, b"", tx_key="123"), InvalidTxKey),
     (PutCommand("t", 0, b"", tx_key="TX:a"), InvalidTxKey),
@@ -188,7 +188,7 @@ MISUSE: list[tuple[Any, type[Exception]]] = [
     (StatsCommand("a b", 1), LocalProtocolError),
     (TransactionCommand("TX:s:1", "s", TransactionType.BEGIN, None, "123", 1), LocalProtocolError),
     (TransactionCommand("TX:s:1", "s", TransactionType.END, -1, None, 1), LocalProtocolError),
-    (TransactionCommand("TX:s:1", "s", "BEGIN", None, None, 1), LocalProtocolError),
+    (TransactionCommand("TX:s:1", "s", "BEGIN", None, None, 1), LocalProtocolError),  # type: ignore[arg-type]
     (ResultReply(200, b"", 1 << 40), LocalProtocolError),
     (object(), TypeError),
 ]

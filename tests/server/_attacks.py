@@ -31,7 +31,7 @@ from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import iter_records
 from tests._broker import BrokerProcess
-from tests.server._wire import Wire
+from tests.server._helpers import Wire
 
 GOOD_SOURCE = "127.0.0.2"
 ATTACK_SOURCE = "127.0.0.1"

@@ -12,11 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import iter_records
 from tests._broker import BrokerProcess
-from tests.server._wire import Wire, bput_frame, put_line
+from tests.server._helpers import Wire, bput_frame, put_line
+
+pytestmark = pytest.mark.integration
 
 TOPICS = {"t": {"numPartitions": 3}}
 SYSTEM = {"maxSegmentSize": 4096}

@@ -21,6 +21,8 @@ import pytest
 from pymetaq.storage.record import HEADER
 from tests._broker import BrokerProcess
 
+pytestmark = pytest.mark.integration
+
 TOPICS = {"py-topic": {"numPartitions": 2}, "java-topic": {}}
 
 

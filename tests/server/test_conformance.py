@@ -17,7 +17,9 @@ from pymetaq.server.stats import VERSION
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import HEADER, HEADER_SIZE, encode_record, iter_records
 from tests._broker import BrokerProcess
-from tests.server._wire import Wire, bput_frame, put_line, result
+from tests.server._helpers import Wire, bput_frame, put_line, result
+
+pytestmark = pytest.mark.integration
 
 MAX_INT = 2147483647
 TOPICS = {
@@ -36,7 +38,7 @@ TOPICS = {
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     tmp = tmp_path_factory.mktemp("conformance")
-    with BrokerProcess.start(tmp, topics=TOPICS, system={"idleTimeoutMs": 0}) as b:
+    with BrokerProcess.start(tmp, topics=TOPICS, system={"idleTimeoutMs": 0}) as b:  # type: ignore[arg-type]
         yield b
 
 

@@ -21,7 +21,9 @@ import pytest
 from pymetaq.client.protocol import NEED_DATA, Parser, ResultReply, Role
 from pymetaq.storage.record import HEADER_SIZE, iter_records
 from tests._broker import BrokerProcess
-from tests.server._wire import Wire, bput_frame, put_line, wait_for
+from tests.server._helpers import Wire, bput_frame, put_line, wait_for
+
+pytestmark = pytest.mark.integration
 
 PARTITIONS = 2
 WINDOW = 300
@@ -134,8 +136,8 @@ def crash_loop(tmp_path: Path, seed: int, threshold: int, rounds: int) -> tuple[
             producer.start()
             target = rng.randrange(400, 3000)  # >= 400 records of ~150 bytes: rolls every round
             wait_for(
-                lambda p=producer, t=target: p.count() >= t or p.errors,
-                timeout=120,
+                lambda p=producer, t=target: p.count() >= t or p.errors,  # type: ignore[misc]
+                timeout_s=120,
                 what=f"{target} acks",
             )
             assert not producer.errors, producer.errors[:3]

@@ -21,8 +21,10 @@ from pymetaq.server.config import parse_config
 from pymetaq.server.errors import ConfigError, StartupError
 from pymetaq.storage.checksum import checksum
 from tests._broker import BrokerProcess, write_server_ini
+from tests.server._helpers import Wire, put_line
 from tests.server._mounts import tmpfs
-from tests.server._wire import Wire, put_line
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,8 +18,10 @@ import pytest
 from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.storage.record import iter_records
 from tests._broker import BrokerProcess
+from tests.server._helpers import Wire, bput_frame
 from tests.server._mounts import tmpfs as mount_tmpfs
-from tests.server._wire import Wire, bput_frame
+
+pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
 

@@ -15,7 +15,9 @@ import pytest
 from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.storage.record import iter_records
 from tests._broker import BrokerProcess
-from tests.server._wire import Wire, bput_frame, result
+from tests.server._helpers import Wire, bput_frame, result
+
+pytestmark = pytest.mark.integration
 
 TOPICS = {"big": {}, "seg": {}, "edge": {}}
 

@@ -18,7 +18,9 @@ from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import encode_record, iter_records
 from tests._broker import BrokerProcess
-from tests.server._wire import Wire, put_line, result
+from tests.server._helpers import Wire, put_line, result
+
+pytestmark = pytest.mark.integration
 
 LZ4 = 0x100
 

@@ -23,7 +23,9 @@ from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import iter_records
 from tests._broker import BrokerProcess
 from tests.server._attacks import rss_kb
-from tests.server._wire import Wire, bput_frame, put_line, result
+from tests.server._helpers import Wire, bput_frame, put_line, result
+
+pytestmark = pytest.mark.integration
 
 MAX_TRANSFER = 4096
 MAX_BATCH = 65536

@@ -19,7 +19,9 @@ from pymetaq.server.config import parse_config
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import encode_record, iter_records
 from tests._broker import BrokerProcess
-from tests.server._wire import Wire, bput_frame, put_line, result, wait_for
+from tests.server._helpers import Wire, bput_frame, put_line, result, wait_for
+
+pytestmark = pytest.mark.integration
 
 TOPICS = {"fuzz": {"numPartitions": 2}, "cut": {}, "flood": {}}
 

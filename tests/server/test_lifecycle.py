@@ -8,13 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.server.broker import Broker
 from pymetaq.server.config import parse_config
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import iter_records
 from tests._broker import BrokerProcess, write_server_ini
-from tests.server._wire import Wire, put_line, wait_for
+from tests.server._helpers import Wire, put_line, wait_for
+
+pytestmark = pytest.mark.integration
 
 CLEAN_MARKER = ".clean_shutdown"
 

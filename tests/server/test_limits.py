@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.server.broker import Broker
 from pymetaq.server.config import parse_config
@@ -27,7 +29,9 @@ from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import encode_record, iter_records
 from tests._broker import BrokerProcess
 from tests.server._attacks import fd_count
-from tests.server._wire import Wire, put_line, result, wait_for
+from tests.server._helpers import Wire, put_line, result, wait_for
+
+pytestmark = pytest.mark.integration
 
 OUT_OF_FDS = b"the broker is out of file descriptors (Too many open files); retry later"
 

@@ -123,7 +123,12 @@ def test_memory_is_returned_once_enough_body_bytes_were_released() -> None:
     budget = BodyBudget(100 << 20)
     trims: list[int] = []
     memory = MemoryReturn(threshold=10 << 20)
-    memory._trim = lambda pad: trims.append(pad) or 1  # the libc call, observed
+
+    def observed_trim(pad: int) -> int:  # the libc call, observed
+        trims.append(pad)
+        return 1
+
+    memory._trim = observed_trim
     a = Client("a")
     budget.reserve(a, 6 << 20)
     budget.release(a)

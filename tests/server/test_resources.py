@@ -35,7 +35,7 @@ from tests.server._attacks import (
     unknown_stat_topics,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def attack(tmp_path: Path, name: str, how: Attack, **system: Any) -> AttackReport:
@@ -63,7 +63,9 @@ def test_pattern_topic_puts_cannot_exhaust_descriptors(tmp_path: Path) -> None:
 def test_pipelined_gets_hold_no_descriptor_each(tmp_path: Path) -> None:
     report = attack(tmp_path, "pipelined_gets", pipelined_gets(20_000, hold_s=1.5))
     assert report.outcome == {"value": 20_000}, report.outcome
-    assert report.fds_peak - report.fds_base <= 10, report
+    # a few per partition (segment, map, high-water file) and per connection, never one per
+    # get (before: 10,048 descriptors for 20,000 gets)
+    assert report.fds_peak - report.fds_base <= 16, report
 
 
 def test_invented_stat_topic_names_do_not_grow_memory(tmp_path: Path) -> None:

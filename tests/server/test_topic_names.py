@@ -20,7 +20,9 @@ from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import iter_records
 from tests._broker import BrokerProcess
-from tests.server._wire import Wire, put_line
+from tests.server._helpers import Wire, put_line
+
+pytestmark = pytest.mark.integration
 
 TOPICS = {"test": {"numPartitions": 2}, "log-*": {"numPartitions": 2}}
 ESCAPES = [
@@ -82,8 +84,8 @@ def test_path_escaping_names_are_400_and_touch_nothing(
                 assert isinstance(got, ResultReply) and got.code == 400, (line, got)
                 assert got.body.startswith(b"invalid topic name"), got
     created = tree(tmp_path) - before
-    data = str(broker.data_path.relative_to(tmp_path))
-    assert created <= {f"{data}/log-..-0", *(f"{data}/log-..-0/{n}" for n in _names(broker))}
+    rel = str(broker.data_path.relative_to(tmp_path))
+    assert created <= {f"{rel}/log-..-0", *(f"{rel}/log-..-0/{n}" for n in _names(broker))}
     assert broker.proc is not None and broker.proc.poll() is None
 
 

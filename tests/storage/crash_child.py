@@ -48,7 +48,7 @@ def main() -> None:
     while True:
         inflight.acquire()
         buf = bytearray(b"".join(encode_record(p) for p in payloads(seed, b)))
-        plog.append(buf, on_durable=lambda r, e, b=b: ack(r, e, b))
+        plog.append(buf, on_durable=lambda r, e, b=b: ack(r, e, b))  # type: ignore[misc]
         b += 1
 
 

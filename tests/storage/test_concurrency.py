@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pymetaq.storage import ReadStatus
 from pymetaq.storage.record import iter_records
-from tests.storage.helpers import batch, file_bytes, manager, read_all, segment_files
+from tests.storage._helpers import batch, file_bytes, manager, read_all, segment_files
 
 
 def test_exact_bytes_on_disk_are_the_stamped_batch(tmp_path: Path) -> None:

@@ -22,8 +22,10 @@ import pytest
 
 from pymetaq.storage import MessageStoreManager, StoreConfig, TopicStoreConfig
 from pymetaq.storage.record import encode_record
+from tests.storage._helpers import read_all
 from tests.storage.crash_child import payloads
-from tests.storage.helpers import read_all
+
+pytestmark = pytest.mark.integration
 
 CHILD = Path(__file__).with_name("crash_child.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -30,8 +31,8 @@ from pymetaq.storage import (
     TopicStoreConfig,
 )
 from pymetaq.storage.record import encode_record
+from tests.storage._helpers import abandon, batch, manager, read_all, segment_files, segment_names
 from tests.storage.faultdisk import FaultDisk
-from tests.storage.helpers import abandon, batch, manager, read_all, segment_files, segment_names
 
 MARKER = ".clean_shutdown"
 
@@ -277,15 +278,9 @@ def test_power_loss_in_threshold_mode_with_rolls_stays_within_budget(
         assert plog is not None
         acked: list[tuple[int, bytes]] = []
 
-        def ack(
-            r: AppendResult, e: BaseException | None, p: bytes, acked: list[tuple[int, bytes]]
-        ) -> None:
-            if e is None:  # at once, or at the covering fsync (which the crash may fail)
-                acked.append((r.offset, p))
-
         for _ in range(rng.randrange(5, 60)):
             p = rng.randbytes(rng.randrange(1, 120))
-            plog.append(batch([p]), on_durable=lambda r, e, p=p, a=acked: ack(r, e, p, a))
+            plog.append(batch([p]), on_durable=functools.partial(_ack_into, acked, p))
         disk.crash()
         abandon(m)
         m2 = reopen(path, segment=256, threshold=n)
@@ -319,3 +314,10 @@ def test_marker_records_every_partition(tmp_path: Path) -> None:
     m.close()
     doc = json.loads((tmp_path / MARKER).read_text())
     assert doc["version"] == 2 and len(doc["logs"]) == 3
+
+
+def _ack_into(
+    acked: list[tuple[int, bytes]], payload: bytes, r: AppendResult, e: BaseException | None
+) -> None:
+    if e is None:  # at once, or at the covering fsync (which the crash may fail)
+        acked.append((r.offset, payload))

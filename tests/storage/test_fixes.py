@@ -15,8 +15,7 @@ import pytest
 
 from pymetaq.storage import InvalidRecords, MessageStoreManager, StoreConfig, TopicStoreConfig
 from pymetaq.storage.record import encode_record
-from tests.storage.faultdisk import FaultDisk
-from tests.storage.helpers import (
+from tests.storage._helpers import (
     abandon,
     batch,
     manager,
@@ -24,6 +23,7 @@ from tests.storage.helpers import (
     segment_files,
     segment_names,
 )
+from tests.storage.faultdisk import FaultDisk
 
 
 def test_nearest_offset_is_the_start_of_the_segment_holding_it(tmp_path: Path) -> None:

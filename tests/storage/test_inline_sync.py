@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pymetaq.storage import AppendResult, PartitionLog
 from pymetaq.storage.results import DurableCallback
+from tests.storage._helpers import abandon, batch, manager, read_all
 from tests.storage.faultdisk import FaultDisk
-from tests.storage.helpers import abandon, batch, manager, read_all
 
 
 def _acks(plog: PartitionLog) -> tuple[list[int], DurableCallback]:

@@ -21,7 +21,7 @@ from pymetaq.storage import (
 )
 from pymetaq.storage.record import encode_record, iter_records
 from pymetaq.storage.segment import parse_segment_name
-from tests.storage.helpers import batch, manager, read_all, segment_files, settle, wait_for
+from tests.storage._helpers import batch, manager, read_all, segment_files, settle, wait_for
 
 MODES = {"group": 0, "threshold": 3}
 SIZES = {"tiny": 256, "small": 4096, "big": 1 << 20}
@@ -63,7 +63,7 @@ def test_append_read_round_trip_and_layout(store: MessageStoreManager, seed: int
     assert all(len(n) == 25 for n in names) and names[0] == "00000000000000000000.meta"
     starts = [parse_segment_name(n) for n in names]
     sizes = [os.path.getsize(f) for f in files[:-1]]
-    assert [s + z for s, z in zip(starts, sizes)] == starts[1:]
+    assert [s + z for s, z in zip(starts, sizes)] == starts[1:]  # type: ignore[operator]
     # a segment exceeds the limit only when one batch alone is bigger than it
     assert all(z <= max(store.config.max_segment_size, biggest) for z in sizes)
 

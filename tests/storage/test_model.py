@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pymetaq.storage import MessageStoreManager, PartitionLog, ReadStatus
 from pymetaq.storage.record import iter_records
-from tests.storage.helpers import abandon, batch, manager, read_all
+from tests.storage._helpers import abandon, batch, manager, read_all
 
 SEG = 256
 

@@ -21,8 +21,8 @@ from pymetaq.storage import (
     StoreConfig,
     TopicStoreConfig,
 )
+from tests.storage._helpers import abandon, batch, read_all
 from tests.storage.faultdisk import FaultDisk
-from tests.storage.helpers import abandon, batch, read_all
 
 SEG = 4096
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pymetaq.storage import CorruptLogError, MessageStoreManager, StoreConfig, TopicStoreConfig
-from tests.storage.helpers import abandon, batch, file_bytes, manager, read_all, segment_files
+from tests.storage._helpers import abandon, batch, file_bytes, manager, read_all, segment_files
 
 SEG = 64 * 1024
 

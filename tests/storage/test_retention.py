@@ -20,7 +20,7 @@ from pymetaq.storage import (
 )
 from pymetaq.storage.config import DeletePolicy, RetentionKind
 from pymetaq.storage.retention import is_eligible, is_expired
-from tests.storage.helpers import batch, file_bytes, read_all, wait_for
+from tests.storage._helpers import batch, file_bytes, read_all, wait_for
 
 
 @pytest.mark.parametrize(
@@ -131,7 +131,7 @@ def test_scheduled_retention_runs_on_its_own(tmp_path: Path) -> None:
     assert plog is not None
     _age(m, 60)
     m.reload_topic_config()  # wake the scheduler
-    wait_for(lambda: len(plog.segments) == 1, timeout=20)
+    wait_for(lambda: len(plog.segments) == 1, 20)
     assert plog.min_offset == plog.write_offset - plog.segments[0].written
     m.close()
 
@@ -143,7 +143,7 @@ def test_scheduled_retention_covers_logs_created_after_start(tmp_path: Path) -> 
     plog = m.get_log("t", 0)
     assert plog is not None
     _age(m, 60)
-    wait_for(lambda: len(plog.segments) == 1, timeout=20)
+    wait_for(lambda: len(plog.segments) == 1, 20)
     assert plog.min_offset == plog.write_offset - plog.segments[0].written
     m.close()
 

@@ -1,0 +1,20 @@
+"""The client's ``pymetaq`` subcommands: ``produce``, ``consume``, ``offsets``, ``stats``.
+
+``pymetaq.server.cli`` (which keeps ``main()``) imports this package and the server's own
+commands explicitly and calls :func:`add_parsers` once; each command module has
+``add_parser(subparsers)``, which adds its parser and sets ``func(args) -> int``.
+
+Thread-safety: a process entry point.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pymetaq.client.cli import consume, offsets, produce, stats
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Register every client command on an ``ArgumentParser``'s subparsers."""
+    for command in (produce, consume, offsets, stats):
+        command.add_parser(subparsers)

@@ -1,0 +1,333 @@
+"""The producer's accumulator: per-partition queues of record batches, and their bookkeeping.
+
+Split from the sender as in aiokafka: ``append``/``append_many``/``append_records`` (any
+thread) build the messages' records (header via ``struct.pack`` + ``zlib.crc32``) and add them
+to the open batch of their partition; the sender (the event-loop thread) asks for the batches
+that are due and writes them as ``bput``. Batches and handles are in
+:mod:`pymetaq.client.producer.batch`.
+
+A partition's queue holds batches in creation order; only the last one is open for appends.
+A batch is *due* when it is full (``batch_messages`` / ``batch_bytes``), older than
+``linger_ms``, forced (a synchronous ``send`` waits for it), or a flush is running. The
+accumulator also owns the in-flight slots: :meth:`drain_due` hands out a due head batch only
+while its partition (``part_limit``) and its broker (``max_in_flight``) have a free slot, so
+under load open batches keep filling.
+
+The sender's whole interface: :meth:`drain_due` (take due batches, taking their slots),
+:meth:`reenqueue` (a batch to retry: back at the head of its queue, slot freed),
+:meth:`finished` (a batch completed: slot and buffer space freed), :meth:`take_queued` /
+:meth:`incomplete` (shutdown), :meth:`begin_flush` / :meth:`end_flush` (flush), and
+:meth:`take_wake`. Nothing outside this class touches its lock, queues or counters.
+
+Per-message cost of ``append`` is one header, a few list operations and one small
+:class:`SendHandle`; there is one completion future per **batch**, never one per message.
+``buffer_bytes`` bounds the queued-but-unacknowledged bytes: a full buffer blocks an append
+(up to ``block_s``, then :class:`RequestTimeout`).
+
+Thread-safety: every method takes the accumulator's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+
+from pymetaq.client.errors import RequestTimeout
+from pymetaq.client.producer.batch import AnyFuture, Batch, BatchHandle, BatchSlice, SendHandle
+from pymetaq.client.types import TopicPartition
+from pymetaq.storage.checksum import MASK31
+from pymetaq.storage.record import ATTR_LEN, FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
+
+_pack = HEADER.pack
+_crc32 = zlib.crc32
+_ATTR_LEN = ATTR_LEN.pack
+
+__all__ = ["Accumulator", "AnyFuture", "Batch", "BatchHandle", "SendHandle"]
+
+
+class Accumulator:
+    """Per-partition batch queues shared by the appending threads and the sender."""
+
+    def __init__(
+        self,
+        *,
+        batch_messages: int,
+        batch_bytes: int,
+        linger_s: float,
+        buffer_bytes: int,
+        future_factory: Callable[[], AnyFuture],
+        wake: Callable[[], None],
+    ) -> None:
+        self.batch_messages = batch_messages
+        self.batch_bytes = batch_bytes
+        self.linger_s = linger_s
+        self.buffer_bytes = buffer_bytes
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._queues: dict[TopicPartition, deque[Batch]] = {}
+        #: batches in flight per broker id: while a broker has one, its completion re-runs the
+        #: sender, so appends need not wake it
+        self._broker_inflight: defaultdict[int, int] = defaultdict(int)
+        self._part_inflight: defaultdict[TopicPartition, int] = defaultdict(int)
+        self._incomplete: dict[int, Batch] = {}
+        self._buffered = 0
+        self._flushing = 0
+        self._future_factory = future_factory
+        self._wake = wake
+        self._wake_pending = False
+        self._space_waiters = 0
+
+    # -- appending (any thread) ------------------------------------------------------------
+
+    def append(
+        self,
+        tp: TopicPartition,
+        value: bytes,
+        attribute: str | None,
+        force: bool = False,
+        block_s: float | None = None,
+    ) -> SendHandle:
+        """Add one message; returns its handle. Blocks up to ``block_s`` while the buffer is full."""
+        if attribute is None:
+            data = value
+            header = _pack(len(value), _crc32(value) & MASK31, 0, 0)
+        else:
+            a = attribute.encode("utf-8")
+            data = _ATTR_LEN(len(a)) + a + value
+            header = _pack(len(data), _crc32(data) & MASK31, 0, FLAG_ATTRIBUTE)
+        size = HEADER_SIZE + len(data)
+        wake = force
+        with self._lock:
+            if self._buffered + size > self.buffer_bytes and self._buffered:
+                self._wait_for_space(size, block_s)
+            self._buffered += size
+            q = self._queues.get(tp)
+            if q:
+                b = q[-1]
+                if not b.open:
+                    b = self._new_batch(q, tp)
+                    wake = True
+                elif b.nbytes + size > self.batch_bytes:
+                    b.open = False
+                    b = self._new_batch(q, tp)
+                    wake = True
+            else:
+                if q is None:
+                    q = self._queues[tp] = deque()
+                b = self._new_batch(q, tp)
+                wake = True
+            handle = SendHandle(b, b.count, b.nbytes)
+            b.parts += (header, data)
+            b.count += 1
+            b.nbytes += size
+            if b.count >= self.batch_messages or b.nbytes >= self.batch_bytes:
+                b.open = False
+                wake = True
+            if force:
+                b.due = True
+            if wake:
+                if self._wake_pending or self._broker_inflight[tp.broker_id]:
+                    wake = False
+                else:
+                    self._wake_pending = True
+        if wake:
+            self._wake()
+        return handle
+
+    def append_records(
+        self, tp: TopicPartition, records: Sequence[bytes], *, block_s: float | None = None
+    ) -> BatchHandle:
+        """Add complete, already built records (e.g. from a spool) in order."""
+        return self._enqueue(tp, list(records), list(records), 1, -HEADER_SIZE, block_s)
+
+    def append_many(
+        self,
+        tp: TopicPartition,
+        values: Sequence[bytes],
+        attribute: str | None,
+        *,
+        block_s: float | None = None,
+    ) -> BatchHandle:
+        """Add many messages to one partition, in order (the bulk path).
+
+        Headers are built in one comprehension and interleaved with the data by slice
+        assignment; the records fill the partition's open batch first, then new batches (the
+        last one stays open, so later sends keep filling it).
+        """
+        if attribute is None:
+            datas = values if isinstance(values, list) else list(values)
+            extra = 0
+            headers = [_pack(len(v), _crc32(v) & MASK31, 0, 0) for v in datas]
+        else:
+            a = attribute.encode("utf-8")
+            prefix = _ATTR_LEN(len(a)) + a
+            extra = len(prefix)
+            datas = [prefix + v for v in values]
+            headers = [_pack(len(d), _crc32(d) & MASK31, 0, FLAG_ATTRIBUTE) for d in datas]
+        parts: list[bytes] = [b""] * (2 * len(datas))
+        parts[0::2] = headers
+        parts[1::2] = datas
+        return self._enqueue(tp, parts, values, 2, extra, block_s)
+
+    def _enqueue(
+        self,
+        tp: TopicPartition,
+        parts: list[bytes],
+        items: Sequence[bytes],
+        per: int,
+        extra: int,
+        block_s: float | None,
+    ) -> BatchHandle:
+        """Put messages (``per`` parts each; record size ``HEADER_SIZE + extra + len(item)``)
+        in batches."""
+        slices: list[BatchSlice] = []
+        n, i = len(items), 0
+        add = HEADER_SIZE + extra
+        total = sum(map(len, items)) + add * n
+        max_n, max_b = self.batch_messages, self.batch_bytes
+        with self._lock:
+            if self._buffered + total > self.buffer_bytes and self._buffered:
+                self._wait_for_space(total, block_s)
+            q = self._queues.get(tp)
+            if q is None:
+                q = self._queues[tp] = deque()
+            b = q[-1] if q and q[-1].open else None
+            self._buffered += total
+            while i < n:
+                if b is None:
+                    b = self._new_batch(q, tp)
+                start, count, nbytes = i, b.count, b.nbytes
+                if count + (n - i) <= max_n and nbytes + total <= max_b:
+                    i, nbytes = n, nbytes + total  # the rest fits: no per-message loop
+                else:
+                    while i < n and count < max_n:
+                        size = add + len(items[i])
+                        if nbytes + size > max_b and count > 0:
+                            break
+                        nbytes += size
+                        count += 1
+                        i += 1
+                    total -= nbytes - b.nbytes
+                if i > start:
+                    slices.append(BatchSlice(b, b.count, b.nbytes, items[start:i], extra))
+                    b.parts += parts[start * per : i * per]
+                    b.count += i - start
+                    b.nbytes = nbytes
+                if b.count >= max_n or b.nbytes >= max_b or i < n:
+                    b.open = False
+                    b = None
+            wake = not self._wake_pending and not self._broker_inflight[tp.broker_id]
+            if wake:
+                self._wake_pending = True
+        if wake:
+            self._wake()
+        return BatchHandle(slices)
+
+    def _new_batch(self, q: deque[Batch], tp: TopicPartition) -> Batch:
+        b = Batch(tp, self._future_factory(), time.monotonic())
+        q.append(b)
+        self._incomplete[id(b)] = b
+        return b
+
+    def _wait_for_space(self, size: int, block_s: float | None) -> None:
+        """Called with the lock held: wait until ``size`` more bytes fit."""
+        deadline = None if block_s is None else time.monotonic() + block_s
+        self._space_waiters += 1
+        try:
+            while self._buffered and self._buffered + size > self.buffer_bytes:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RequestTimeout(
+                        f"producer buffer full ({self._buffered} bytes) for {block_s:g}s"
+                    )
+                self._cond.wait(left)
+        finally:
+            self._space_waiters -= 1
+
+    # -- the sender's side (event-loop thread) ---------------------------------------------
+
+    def take_wake(self) -> None:
+        """The sender is running: the next append that needs it must wake it again."""
+        with self._lock:
+            self._wake_pending = False
+
+    def drain_due(
+        self, now: float, max_in_flight: int, part_limit: int
+    ) -> tuple[list[Batch], float | None]:
+        """Take the head batches that are due and have a free slot (their slots are taken).
+
+        Returns the batches and, if an open batch is waiting for its linger time, when it is
+        due (so the sender can arm a timer).
+        """
+        out: list[Batch] = []
+        next_due: float | None = None
+        linger, flushing = self.linger_s, self._flushing > 0
+        broker_inflight, part_inflight = self._broker_inflight, self._part_inflight
+        with self._lock:
+            for tp, q in self._queues.items():
+                while q:
+                    if part_inflight[tp] >= part_limit:
+                        break
+                    if broker_inflight[tp.broker_id] >= max_in_flight:
+                        break
+                    b = q[0]
+                    if len(q) == 1 and b.open and not b.due and not flushing:
+                        due_at = b.created + linger
+                        if now < due_at:
+                            next_due = due_at if next_due is None else min(next_due, due_at)
+                            break
+                    q.popleft()
+                    b.open = False
+                    part_inflight[tp] += 1
+                    broker_inflight[tp.broker_id] += 1
+                    out.append(b)
+        return out, next_due
+
+    def reenqueue(self, b: Batch) -> None:
+        """A batch to send again (a retry): back at the head of its queue; its slot is freed."""
+        with self._lock:
+            self._queues.setdefault(b.tp, deque()).appendleft(b)
+            self._release_slot(b.tp)
+
+    def finished(self, b: Batch, *, in_flight: bool = True) -> None:
+        """A batch completed: free its in-flight slot (if it held one) and its buffer space."""
+        with self._lock:
+            if in_flight:
+                self._release_slot(b.tp)
+            if self._incomplete.pop(id(b), None) is not None:
+                self._buffered -= b.nbytes
+            if self._space_waiters or self._flushing:
+                self._cond.notify_all()
+
+    def _release_slot(self, tp: TopicPartition) -> None:
+        self._part_inflight[tp] -= 1
+        self._broker_inflight[tp.broker_id] -= 1
+
+    def take_queued(self) -> list[Batch]:
+        """Remove and return every batch still queued (not in flight): shutdown."""
+        with self._lock:
+            queued = [b for q in self._queues.values() for b in q]
+            for q in self._queues.values():
+                q.clear()
+        return queued
+
+    def incomplete(self) -> list[Batch]:
+        """Every batch not completed yet (queued, in flight or backing off)."""
+        with self._lock:
+            return list(self._incomplete.values())
+
+    # -- flush -----------------------------------------------------------------------------
+
+    def begin_flush(self) -> list[Batch]:
+        """Make every batch due from now until :meth:`end_flush`; returns the batches to wait
+        for (those not completed yet)."""
+        with self._lock:
+            self._flushing += 1
+            return list(self._incomplete.values())
+
+    def end_flush(self) -> None:
+        with self._lock:
+            self._flushing -= 1

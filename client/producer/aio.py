@@ -1,0 +1,103 @@
+"""The asyncio face of the producer: ``AsyncProducer`` on the application's event loop.
+
+Same engine and semantics as :class:`~pymetaq.client.producer.sync.Producer` (see
+``docs/client.md``); every method runs on the loop the producer was started on, so a
+``send_nowait`` is written by the loop that later reads its ack.
+
+Thread-safety: an ``AsyncProducer`` belongs to the loop it was started on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Unpack, cast
+
+from pymetaq.client.errors import ClientClosed, UnknownTopicOrPartition
+from pymetaq.client.producer.config import ProducerConfig, make_config
+from pymetaq.client.producer.engine import ProducerEngine, ProducerFace, SendOptions
+from pymetaq.client.types import SendResult, TopicPartition
+
+
+def _not_published(topic: str) -> list[TopicPartition]:
+    raise UnknownTopicOrPartition(
+        f"topic {topic!r} not published yet: await producer.publish({topic!r}) first"
+    )
+
+
+class _NotStarted:
+    """Stands for the engine until ``start()``: any use raises :class:`ClientClosed`."""
+
+    closed = False
+
+    def __getattr__(self, name: str) -> Any:
+        raise ClientClosed("AsyncProducer not started: use 'async with' or await start()")
+
+
+class AsyncProducer(ProducerFace):
+    """The asyncio producer: ``async with AsyncProducer(servers) as p: await p.send(...)``."""
+
+    def __init__(
+        self, servers: str | list[str], *, config: ProducerConfig | None = None, **overrides: Any
+    ) -> None:
+        self.config = make_config(config, overrides)
+        self._servers = servers
+        self._engine = cast(ProducerEngine, _NotStarted())
+
+    async def start(self) -> AsyncProducer:
+        """Connect to the brokers (raises NoBrokerAvailable if none answers)."""
+        loop = asyncio.get_running_loop()
+        engine = ProducerEngine(
+            self._servers,
+            self.config,
+            loop,
+            loop.create_future,
+            threadsafe=False,
+            learn=_not_published,
+        )
+        await engine.brokers.start()
+        self._engine = engine
+        return self
+
+    async def publish(self, topic: str) -> list[TopicPartition]:
+        """Fetch (and cache) a topic's partitions; ``send_nowait`` needs this done first."""
+        return await self._engine.brokers.partitions(topic)
+
+    #: queue one message without waiting; ``await`` the returned handle for its result. The
+    #: topic must be known (``await publish(topic)`` or an earlier ``await send``).
+    send_nowait = ProducerFace._queue
+
+    async def send(self, topic: str, value: bytes, **opts: Unpack[SendOptions]) -> SendResult:
+        """Send one message and wait for its ack (``opts``: ``key=``, ``partition=``,
+        ``attribute=``)."""
+        engine = self._engine
+        if engine.brokers.cached_partitions(topic) is None:
+            await engine.brokers.partitions(topic)
+        return await engine.send_async(topic, value, force=True, **opts)
+
+    async def flush(self) -> None:
+        """Send everything queued now and wait for it."""
+        engine = self._engine
+        futures = engine.begin_flush()
+        try:
+            for fut in futures:
+                assert isinstance(fut, asyncio.Future)
+                await fut
+        finally:
+            engine.end_flush()
+
+    async def close(self) -> None:
+        """Flush (up to the delivery timeout), then close the connections."""
+        engine = self._engine
+        if isinstance(engine, _NotStarted) or engine.closed:
+            return
+        try:
+            await asyncio.wait_for(self.flush(), self.config.delivery_timeout_s)
+        except TimeoutError:  # what is still unsent completes with ClientClosed below
+            pass
+        await engine.shutdown()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

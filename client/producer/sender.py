@@ -1,0 +1,261 @@
+"""The producer's sender: takes due batches from the accumulator and writes them as ``bput``.
+
+Runs on the producer's event loop (the LoopThread of a sync ``Producer``, the caller's loop for
+an ``AsyncProducer``). One run (``_run``) is scheduled whenever the accumulator wakes it or a
+reply frees capacity; it takes, per partition queue, the head batches that are due while
+
+* the broker's connection has fewer than ``max_in_flight`` batches outstanding, and
+* the partition has fewer than its own limit outstanding: ``max_in_flight`` without retries
+  (requests on one connection are answered in order, so pipelining keeps per-partition order),
+  **1 with retries enabled** (a retried batch must not overtake or be overtaken).
+
+Adaptive batching (Nagle-like): appends wake the sender only while their broker has nothing in
+flight, so with ``linger_ms=0`` an idle producer sends a message at once, and whatever
+accumulates while a request is in flight goes out as one batch when its ack arrives.  An ack
+first sends that next batch, then runs the acked batch's callbacks.
+
+A failed batch is retried (same partition, after ``retry_backoff_ms``, at the head of its
+queue) while the error is retriable and attempts remain; otherwise every message in it
+completes with ``success=False`` and the error — a :class:`MessageMayBeStored` if any attempt
+was written to the broker and got no answer (a timeout, a connection lost after the write).
+An error with ``invalid_metadata`` also refreshes the topic's partition list in the background
+(partitions of brokers that cannot be reached are left out of a fresh list).
+
+Thread-safety: loop thread only (it uses the accumulator's API, never its lock or queues).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+
+from pymetaq.client.errors import (
+    BrokerError,
+    ClientClosed,
+    ConnectionLost,
+    MetaClientError,
+    error_for_reply,
+    may_be_stored,
+)
+from pymetaq.client.producer.accumulator import Accumulator, Batch
+from pymetaq.client.protocol import BatchPutCommand, ResultReply
+from pymetaq.client.transport.brokers import BrokerSet
+from pymetaq.client.transport.connection import BrokerConnection, Reply
+from pymetaq.client.transport.records import compress_batch
+from pymetaq.storage.checksum import checksum
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SenderConfig:
+    max_in_flight: int
+    request_timeout_s: float
+    retries: int
+    retry_backoff_s: float
+    compression: str | None
+    body_checksum: bool
+
+
+class Sender:
+    """Moves due batches from the accumulator to the brokers (see the module docstring)."""
+
+    def __init__(
+        self, config: SenderConfig, brokers: BrokerSet, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.cfg = config
+        self.brokers = brokers
+        self.loop = loop
+        self._part_limit = 1 if config.retries > 0 else config.max_in_flight
+        self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._closing: MetaClientError | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.acc: Accumulator  # set by attach()
+
+    def attach(self, acc: Accumulator) -> None:
+        """The accumulator to drain (it wakes this sender, so it is created after it)."""
+        self.acc = acc
+
+    # -- scheduling ----------------------------------------------------------------------
+
+    def wake_threadsafe(self) -> None:
+        """Called by the accumulator from any thread (a no-op once the loop is closed)."""
+        try:
+            self.loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the loop is closed: the producer was closed meanwhile
+            log.debug("sender wake-up after the producer's loop closed (ignored)")
+
+    def wake(self) -> None:
+        """Called on the loop thread."""
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        acc = self.acc
+        acc.take_wake()
+        batches, next_due = acc.drain_due(
+            time.monotonic(), self.cfg.max_in_flight, self._part_limit
+        )
+        for b in batches:
+            self._send(b)
+        if next_due is not None:
+            self._arm(next_due)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None and not self._timer.cancelled() and self._timer_at <= when:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        delay = max(0.0, when - time.monotonic())
+        self._timer = self.loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._run()
+
+    # -- sending -------------------------------------------------------------------------
+
+    def _send(self, b: Batch) -> None:
+        b.attempts += 1
+        if self._closing is not None:
+            self._finish(b, self._closing)
+            return
+        conn = self.brokers.cached_connection(b.tp.broker_id)
+        if conn is None:
+            task = self.loop.create_task(self._connect_then_send(b))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        self._write(conn, b)
+
+    async def _connect_then_send(self, b: Batch) -> None:
+        try:
+            conn = await self.brokers.connection(b.tp.broker_id)
+        except MetaClientError as e:
+            self._failed(b, e)
+            return
+        except Exception as e:  # never lose a batch: report it as failed, with the cause
+            log.exception("connecting for %r failed unexpectedly", b)
+            self._failed(b, ConnectionLost(repr(e)))
+            return
+        self._write(conn, b)
+
+    def _write(self, conn: BrokerConnection, b: Batch) -> None:
+        if b.body is None:
+            body = b"".join(b.parts)
+            if self.cfg.compression == "lz4":
+                body = compress_batch(body)
+                b.compressed = True
+            b.body = body
+            b.parts = []
+        cmd = BatchPutCommand(
+            b.tp.topic,
+            b.tp.partition,
+            b.body,
+            1 if b.compressed else b.count,
+            checksum(b.body) if self.cfg.body_checksum else None,
+        )
+        b.sent_at = time.monotonic()
+        written = not conn.closed  # a closed connection fails the request without writing
+        # on_done: the reply completes the batch from the reply handler itself, not one loop
+        # iteration later (a done-callback is scheduled with call_soon)
+        conn.send_request(
+            cmd, self.cfg.request_timeout_s, on_done=partial(self._on_reply, b, written)
+        )
+
+    def _on_reply(self, b: Batch, written: bool, fut: asyncio.Future[Reply]) -> None:
+        if fut.cancelled():
+            self._failed(b, ConnectionLost("request cancelled"), written)
+            return
+        exc = fut.exception()
+        if exc is not None:
+            err = exc if isinstance(exc, MetaClientError) else ConnectionLost(repr(exc))
+            self._failed(b, err, written)
+            return
+        reply = fut.result()
+        if not isinstance(reply, ResultReply):
+            self._failed(b, ConnectionLost(f"unexpected reply to bput: {type(reply).__name__}"))
+            return
+        if reply.code != 200:
+            self._failed(b, error_for_reply(reply.code, reply.body))
+            return
+        try:
+            first_id, _partition, offset, *_rest = reply.body.split()
+            b.first_id, b.offset = int(first_id), int(offset)
+        except ValueError:
+            self._failed(b, ConnectionLost(f"malformed bput reply body {reply.body!r}"))
+            return
+        self._succeeded(b)
+
+    def _succeeded(self, b: Batch) -> None:
+        """An acknowledged batch: send what accumulated during its round trip *first* (the
+        slot is free now), then run its callbacks, so their cost overlaps the next trip."""
+        if b.fut.done():  # already aborted by close()
+            return
+        b.body = None
+        b.error = None
+        self.acc.finished(b)
+        self._run()
+        b.complete()
+
+    def _failed(self, b: Batch, err: MetaClientError, written: bool = False) -> None:
+        """An attempt failed. ``written``: its request went out and got no answer (no reply,
+        connection lost), so the broker may have stored it."""
+        if written and not isinstance(err, BrokerError):  # a reply is a definite answer
+            b.written = True
+        if err.invalid_metadata:
+            self.brokers.invalidate(b.tp.topic)
+        if err.retriable and b.attempts <= self.cfg.retries and self._closing is None:
+            log.debug("retrying %r after %s (attempt %d)", b, err, b.attempts)
+            self.loop.call_later(self.cfg.retry_backoff_s, self._requeue, b)
+            return
+        if b.written:
+            err = may_be_stored(f"send to {b.tp} ({b.count} messages)", err)
+        self._finish(b, err)
+
+    def _requeue(self, b: Batch) -> None:
+        if self._closing is not None:
+            self._finish(b, self._closing)
+            return
+        self.acc.reenqueue(b)
+        self.wake()
+
+    def _finish(self, b: Batch, err: MetaClientError) -> None:
+        if b.fut.done():  # already aborted by close()
+            return
+        b.error = err
+        b.body = None
+        self.acc.finished(b)
+        b.complete()
+        self.wake()
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def fail_queued(self, err: MetaClientError) -> None:
+        """Complete every batch still queued (not in flight) with ``err``; stop retrying."""
+        self._closing = err if isinstance(err, ClientClosed) else ClientClosed(str(err))
+        for b in self.acc.take_queued():
+            b.error = self._closing
+            self.acc.finished(b, in_flight=False)
+            b.complete()
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def abort_all(self, err: MetaClientError) -> None:
+        """close(): fail queued batches and every batch still in flight or backing off."""
+        self.fail_queued(err)
+        for b in self.acc.incomplete():
+            if not b.fut.done():
+                b.error = self._closing
+                self.acc.finished(b, in_flight=False)
+                b.complete()
+        for task in list(self._tasks):
+            task.cancel()
