@@ -140,6 +140,7 @@ class Dispatcher:
         if plog is None:
             plog = self.broker.store.get_log(topic, partition, create=True)
             self._logs[key] = plog
+            self.broker.topic_stored(topic)
         return plog
 
     def _log_for_read(self, topic: str, partition: int) -> Any:

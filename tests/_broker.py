@@ -48,11 +48,14 @@ def write_server_ini(
     data_path: Path,
     system: Mapping[str, Any] | None = None,
     topics: Mapping[str, Mapping[str, Any]] | None = None,
+    zookeeper: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write a server.ini: [system] (defaults above + ``system``), zookeeper off, topics."""
+    """Write a server.ini: [system] (defaults above + ``system``), [zookeeper] (off unless
+    ``zookeeper`` gives keys, e.g. ``{"zk.zkEnable": "true", "zk.zkConnect": hosts}``), topics."""
     sys_values = {**DEFAULT_SYSTEM, "dataPath": str(data_path), **(system or {})}
     lines = ["[system]", *(f"{k}={v}" for k, v in sys_values.items()), ""]
-    lines += ["[zookeeper]", "zk.zkEnable=false", ""]
+    zk_values = {"zk.zkEnable": "false", **(zookeeper or {})}
+    lines += ["[zookeeper]", *(f"{k}={v}" for k, v in zk_values.items()), ""]
     for name, values in (topics if topics is not None else {"test": {}}).items():
         lines += [f"[topic={name}]", *(f"{k}={v}" for k, v in values.items()), ""]
     path.write_text("\n".join(lines), encoding="utf-8")
@@ -83,6 +86,7 @@ class BrokerProcess:
         topics: Mapping[str, Mapping[str, Any]] | None = None,
         ini_text: str | None = None,
         name: str = "broker",
+        zookeeper: Mapping[str, Any] | None = None,
     ) -> BrokerProcess:
         """Write a config under ``tmp_path/name`` and start a broker on it."""
         base = tmp_path / name
@@ -91,7 +95,9 @@ class BrokerProcess:
         if ini_text is not None:
             config.write_text(ini_text, encoding="utf-8")
         else:
-            write_server_ini(config, data_path=base / "data", system=system, topics=topics)
+            write_server_ini(
+                config, data_path=base / "data", system=system, topics=topics, zookeeper=zookeeper
+            )
         broker = cls(config, base)
         broker.launch()
         return broker
@@ -134,6 +140,8 @@ class BrokerProcess:
                 return
             if self.proc.poll() is not None:
                 self._reader.join(5)
+                if self.proc.stdout is not None:
+                    self.proc.stdout.close()
                 raise RuntimeError(
                     f"broker exited with {self.proc.returncode} before listening:\n"
                     + self.log_text()
@@ -160,6 +168,11 @@ class BrokerProcess:
             self.proc.wait(30)
         if self._reader is not None:
             self._reader.join(5)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the broker process (SIGSTOP/SIGCONT/SIGHUP in tests)."""
+        assert self.proc is not None
+        self.proc.send_signal(sig)
 
     def terminate(self, timeout: float = 60.0) -> int:
         """SIGTERM and wait; returns the exit code (the process is killed on timeout)."""

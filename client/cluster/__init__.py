@@ -1,0 +1,1 @@
+"""pymetaq.client.cluster: MetaQ's ZooKeeper cluster, client side (placeholder docstring)."""
