@@ -149,6 +149,7 @@ class GroupCoordinator:
         self._pending: Partitions = frozenset()
         self._views: dict[str, TopicView] = {}
         self._leaving = False
+        self._done = False  # the last round completed
         self._left = threading.Event()
         self.rounds = 0
         self.last_change = time.monotonic()
@@ -206,8 +207,9 @@ class GroupCoordinator:
         return self._views.get(topic)
 
     def settled(self) -> bool:
-        """True when every assigned partition is held and nothing waits to be claimed."""
-        return self._live and not self._pending and self._held == self._target
+        """True when the last round completed with every assigned partition held, nothing
+        waiting to be claimed and no change noticed since (tests, monitoring)."""
+        return self._done and self._live and not self._loop.woken and self._held == self._target
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -233,6 +235,7 @@ class GroupCoordinator:
             self._leave()
             return None
         self.rounds += 1
+        self._done = False
         with self._lock:
             lost = self._held if self._interrupted else frozenset()
             if self._interrupted:
@@ -252,7 +255,9 @@ class GroupCoordinator:
             return self._retry_s
         self._target = target
         self._release(target, sid)
-        return self._claim_all(target, sid)
+        delay = self._claim_all(target, sid)
+        self._done = delay is None
+        return delay
 
     def _compute_target(self) -> Partitions | None:
         members = self._members()

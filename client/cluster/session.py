@@ -123,6 +123,11 @@ class RefreshLoop:
         return not t.is_alive()
 
     @property
+    def woken(self) -> bool:
+        """A refresh is due (woken since the last one started)."""
+        return self._wakeup.is_set()
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
