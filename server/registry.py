@@ -77,6 +77,10 @@ class RegistryConflict(RegistryError):
 
     retriable = False
 
+    def __init__(self, message: str, holder: str = "") -> None:
+        super().__init__(message)
+        self.holder = holder  # the address registered by the other broker
+
 
 @dataclass(frozen=True)
 class TopicEntry:
@@ -182,6 +186,13 @@ class BrokerRegistry:
             self.hosts,
             self.paths.root or "/",
         )
+        if not self._config().system.host_name and "://127." in self.url:
+            log.warning(
+                "broker %d is registered at the loopback address %s: clients on other "
+                "machines cannot reach it; set [system] hostName to an address they can",
+                self.broker_id,
+                self.url,
+            )
 
     def _first_reconcile(self) -> None:
         """Register, giving a conflicting master registration one session timeout to expire
@@ -197,7 +208,14 @@ class BrokerRegistry:
                     raise
                 if not self._waiting_logged:
                     self._waiting_logged.add("conflict")
-                    log.warning("%s; waiting up to %.1f s for that session to expire", e, grace)
+                    log.warning(
+                        "brokerId=%d is registered as master at %s by another ZooKeeper "
+                        "session; waiting up to %.1f s in case it is a crashed previous run of "
+                        "this broker whose session has not expired yet",
+                        self.broker_id,
+                        e.holder,
+                        grace,
+                    )
                 time.sleep(0.1)
             except Exception as e:  # a transient failure: the thread retries
                 log.warning("ZooKeeper registration incomplete (%r); retrying", e)
@@ -260,11 +278,15 @@ class BrokerRegistry:
         if sid != self._session:
             with self._lock:
                 self._session, self._held = sid, set()
+        master = self.paths.broker_master(self.broker_id)
+        if not self._ensure(master, self.url.encode(), sid):
+            return self._loop.retry_delay_s  # held by a previous session: touch nothing else
         self._set_parent()
         desired = self._desired()
         waiting = False
         for path, value in desired.items():
-            waiting |= not self._ensure(path, value, sid)
+            if path != master:
+                waiting |= not self._ensure(path, value, sid)
         for path in sorted(self._held - set(desired)):
             self._delete_if_ours(path, sid)
         return self._loop.retry_delay_s if waiting else None
@@ -305,10 +327,12 @@ class BrokerRegistry:
 
     def _foreign(self, path: str, data: bytes, owner: int) -> None:
         if path == self.paths.broker_master(self.broker_id) and data != self.url.encode():
+            holder = data.decode("utf-8", "replace")
             raise RegistryConflict(
                 f"another broker is registered with brokerId={self.broker_id} as master at "
-                f"{data.decode('utf-8', 'replace')} ({path}, ZooKeeper session 0x{owner:x}); "
-                "refusing to start: give each broker its own brokerId, or stop the other one"
+                f"{holder} ({path}, ZooKeeper session 0x{owner:x}); "
+                "give each broker its own brokerId, or stop the other one",
+                holder,
             )
         if path not in self._waiting_logged:
             self._waiting_logged.add(path)

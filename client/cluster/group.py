@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 from pymetaq.client.cluster.assignors import Assignor, get_assignor
 from pymetaq.client.cluster.discovery import TopicView, read_topic
-from pymetaq.client.cluster.errors import MembershipConflict
+from pymetaq.client.cluster.errors import ClusterUnavailable, MembershipConflict
 from pymetaq.client.cluster.session import RefreshLoop, negotiated_timeout_s, session_id
 from pymetaq.client.protocol.zk import (
     DEFAULT_ROOT,
@@ -167,7 +167,10 @@ class GroupCoordinator:
 
         A consumer id left by a crashed process of ours (a session not yet expired) is waited
         for, up to ``timeout`` (default: the session timeout + 2 s); an id held by a live
-        session raises :class:`MembershipConflict`."""
+        session raises :class:`MembershipConflict`; no ZooKeeper connection raises
+        :class:`ClusterUnavailable`."""
+        from kazoo.exceptions import KazooException
+
         self.client.add_listener(self._on_state)
         wait = negotiated_timeout_s(self.client) + 2.0 if timeout is None else timeout
         deadline = time.monotonic() + wait
@@ -180,6 +183,11 @@ class GroupCoordinator:
                     self.client.remove_listener(self._on_state)
                     raise
                 time.sleep(min(0.2, self._retry_s))
+            except KazooException as e:
+                self.client.remove_listener(self._on_state)
+                raise ClusterUnavailable(
+                    f"cannot register {self.me!r} in group {self.config.group!r}: {e!r}"
+                ) from e
         self._loop.start()
         return self
 

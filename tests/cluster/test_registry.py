@@ -184,15 +184,18 @@ def test_same_id_and_role_refuses_to_start(tmp_path: Path, zk_hosts: str, zk: An
     first = _start(tmp_path, zk_hosts, 7)
     with first:
         wait_until(lambda: zk.exists("/meta/brokers/ids/7/master"), what="first registered")
+        owner = zk.exists("/meta/brokers/ids/7/master").ephemeralOwner
         with pytest.raises(RuntimeError) as err:
             _start(tmp_path, zk_hosts, 7, name="dup")
         text = str(err.value)
         assert "exited with 1 before listening" in text
         assert "another broker is registered with brokerId=7 as master at meta://" in text
         assert "Traceback" not in text
-        assert (
-            zk.get("/meta/brokers/ids/7/master")[0] == f"meta://{first.host}:{first.port}".encode()
-        )
+        url = f"meta://{first.host}:{first.port}".encode()
+        assert zk.get("/meta/brokers/ids/7/master")[0] == url
+        assert zk.get("/meta/brokers/ids/7")[0] == url  # the refused broker wrote nothing
+        assert zk.exists("/meta/brokers/ids/7/master").ephemeralOwner == owner
+        assert "waiting up to" in text and "crashed previous run" in text
 
 
 def test_crash_restart_on_a_new_port_takes_over(tmp_path: Path, zk_hosts: str, zk: Any) -> None:
