@@ -244,3 +244,30 @@ def test_restart_after_clean_stop_registers_again(tmp_path: Path, zk_hosts: str,
         want = _expected(b, 10, b.config_path)
         wait_until(lambda: _mine(zk, 10) == want, what="registered again")
         assert time.monotonic() - t0 < 20
+
+
+def test_crash_restart_on_the_same_port_starts_at_once(
+    tmp_path: Path, zk_hosts: str, zk: Any
+) -> None:
+    port = free_port()
+    b = _start(
+        tmp_path, zk_hosts, 11, system={"serverPort": port}, zk={"zk.zkSessionTimeoutMs": 6000}
+    )
+    with b:
+        wait_until(lambda: zk.exists("/meta/brokers/ids/11/master"), what="registered")
+        old = zk.exists("/meta/brokers/ids/11/master").ephemeralOwner
+        b.kill()
+        b.launch()  # listening while the dead session still holds every node
+        assert b.port == port
+        with Wire(b.address) as w:
+            assert w.call(put_line("orders", 0, b"x", 1)).code == 200
+        want = _expected(b, 11, b.config_path)
+        wait_until(
+            lambda: (
+                _mine(zk, 11) == want
+                and zk.exists("/meta/brokers/ids/11/master").ephemeralOwner != old
+            ),
+            timeout=30,
+            what="registered by the new run once the old session expired",
+        )
+        assert "a previous run of this broker?" in b.log_text()
