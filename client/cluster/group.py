@@ -16,6 +16,10 @@ share through owner nodes ``consumers/<group>/owners/<topic>/<brokerId>-<partiti
    ``retry_delay_ms``, MetaQ's zkSyncTimeMs) — a partition is never taken before its previous
    owner let it go or lost its session;
 4. ``on_assign(partitions)`` with what was claimed (the consumer loads committed offsets).
+   It may be called more than once in a rebalance, as partitions become free.  A callback
+   cannot be atomic with a connection loss: deliver a partition only while
+   :meth:`GroupCoordinator.may_deliver` says so (it turns False the moment the connection
+   drops), and expect ``on_lost`` to follow.
 
 Rounds run when the members, the ``topics-sub`` entries or the session change; changes that
 arrive during a round coalesce into one more round.  Revocation is incremental: partitions that

@@ -3,7 +3,9 @@
 It runs a :class:`GroupCoordinator` and appends one JSON line per event to ``--events``:
 ``{"t": <time.monotonic()>, "ev": "session", "sid": .., "pwd": "<hex>"}`` on each new
 session (the test expires it with the same-session-id trick), ``"ready"`` once registered,
-``"assign"``/``"revoke"``/``"lost"`` with ``"parts": ["topic:b-p", ...]``, ``"stopped"``.
+``"assign"`` (the partitions it may deliver: ``may_deliver`` is checked) /``"revoke"``/
+``"lost"`` with ``"parts": ["topic:b-p", ...]``, ``"suspended"`` when the connection drops
+(delivery stops at once), ``"stopped"``.
 CLOCK_MONOTONIC is system-wide on Linux, so times compare across processes.  SIGTERM leaves the
 group cleanly; SIGKILL is a crash.
 """
@@ -52,8 +54,11 @@ def main() -> None:
     last_sid: list[int] = [0]
 
     def on_state(state: str) -> None:
+        if state != "CONNECTED":  # the coordinator's may_deliver() turns False now
+            events.write("suspended")
+            return
         cid = client.client_id
-        if state == "CONNECTED" and cid and cid[0] != last_sid[0]:
+        if cid and cid[0] != last_sid[0]:
             last_sid[0] = cid[0]
             events.write("session", sid=cid[0], pwd=cid[1].hex())
 
@@ -70,7 +75,9 @@ def main() -> None:
     coord = GroupCoordinator(
         client,
         cfg,
-        on_assign=lambda p: events.write("assign", parts=_names(p)),
+        on_assign=lambda p: events.write(
+            "assign", parts=_names(frozenset(tp for tp in p if coord.may_deliver(tp)))
+        ),
         on_revoke=lambda p: events.write("revoke", parts=_names(p)),
         on_lost=lambda p: events.write("lost", parts=_names(p)),
     )

@@ -12,6 +12,7 @@ import math
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -81,6 +82,8 @@ class MemberProcess:
                 held |= set(e["parts"])
             elif e["ev"] in ("revoke", "lost"):
                 held -= set(e["parts"])
+            elif e["ev"] == "suspended":
+                held.clear()
         return held
 
     def session(self) -> tuple[int, bytes]:
@@ -92,6 +95,9 @@ class MemberProcess:
         process's death (SIGKILL) or at infinity (still running)."""
         out, start = [], {}
         for e in self.events():
+            if e["ev"] == "suspended":
+                out += [(p, t, e["t"]) for p, t in start.items()]
+                start.clear()
             for p in e.get("parts", ()):
                 if e["ev"] == "assign":
                     start[p] = e["t"]
@@ -181,3 +187,81 @@ def settled(
         if counts and counts[-1] - counts[0] > 1:
             return False
     return all(m.held() == {f"{topic}:{p}" for p, o in own.items() if o == m.cid} for m in live)
+
+
+class OwnerHistory:
+    """Reads every owner node of ``group``/``topic`` in a loop (its own kazoo client and thread)
+    and keeps each read as (partition, owner or None, sent, received): the value was true at
+    some moment inside [sent, received]."""
+
+    def __init__(self, hosts: str, group: str, topic: str) -> None:
+        from tests.cluster.conftest import new_client
+
+        self.client = new_client(hosts, session_timeout_s=10.0)
+        self.group, self.topic = group, topic
+        self.reads: list[tuple[str, str | None, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="owner-history", daemon=True)
+
+    def start(self) -> OwnerHistory:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from kazoo.exceptions import KazooException, NoNodeError
+
+        base = P.owners(self.group, self.topic)
+        known: set[str] = set()
+        while not self._stop.is_set():
+            try:
+                known |= set(self.client.get_children(base))
+            except NoNodeError:
+                pass
+            except KazooException:
+                self._stop.wait(0.05)
+                continue
+            for part in sorted(known):
+                t0 = time.monotonic()
+                try:
+                    owner: str | None = self.client.get(f"{base}/{part}")[0].decode()
+                except NoNodeError:
+                    owner = None
+                except KazooException:
+                    continue
+                self.reads.append((part, owner, t0, time.monotonic()))
+            self._stop.wait(0.005)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.client.stop()
+        self.client.close()
+
+    def handoffs(self) -> int:
+        """How many times a partition was seen owned by a different member than before."""
+        last: dict[str, str] = {}
+        n = 0
+        for part, owner, _, _ in self.reads:
+            if owner is not None:
+                if part in last and last[part] != owner:
+                    n += 1
+                last[part] = owner
+        return n
+
+    def violations(self, members: list[MemberProcess]) -> tuple[list[str], list[str]]:
+        """(reads showing partition p owned by *another member* entirely inside a period in
+        which a member was delivering p — fencing says never —, reads showing p owned by
+        *nobody* during such a period).  The second can happen: when a session is expired
+        from outside, the server deletes the member's nodes and the member learns it from its
+        dropped connection an instant later (longer if the process is not scheduled)."""
+        periods: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+        for m in members:
+            for p, t0, t1 in m.intervals():
+                periods[p.split(":", 1)[1]].append((t0, t1, m.cid))
+        bad, unowned = [], []
+        for part, owner, sent, received in self.reads:
+            for t0, t1, cid in periods.get(part, ()):
+                if owner != cid and t0 < sent and received < t1:
+                    note = f"{part}: owner {owner} read at {sent:.3f} while {cid} delivered"
+                    (unowned if owner is None else bad).append(note)
+        return bad, unowned

@@ -17,7 +17,14 @@ import pytest
 from pymetaq.client.cluster.assignors import get_assignor
 from pymetaq.client.protocol.zk import TopicBroker, ZkPaths
 from tests._services import ZooKeeperServer, expire_session_id
-from tests.cluster._procs import MemberProcess, members, overlaps, owners, settled
+from tests.cluster._procs import (
+    MemberProcess,
+    OwnerHistory,
+    members,
+    overlaps,
+    owners,
+    settled,
+)
 from tests.cluster.conftest import new_client, wait_until
 
 pytestmark = [pytest.mark.zk, pytest.mark.crash]
@@ -91,6 +98,7 @@ def test_join_leave_crash_expiry_and_new_partitions(
     s = scenario
     s.layout = {0: 4, 1: 4, 2: 4}
     publish(zk, "t", s.layout)
+    history = OwnerHistory(s.hosts, "g", "t").start()
     t0 = time.monotonic()
     for name in ("a", "b", "c"):
         s.member(name)
@@ -131,7 +139,13 @@ def test_join_leave_crash_expiry_and_new_partitions(
         assert m.terminate() == 0
     s.live.clear()
     wait_until(lambda: not owners(zk, "g", "t") and not members(zk, "g"), what="all left")
+    history.stop()
     assert overlaps(s.all) == []
+    # the owner nodes as an outside observer read them agree with every delivery period
+    two_owners, unowned = history.violations(s.all)
+    assert two_owners == []
+    print(f"\n[owner history] {len(history.reads)} reads, unowned-while-delivering: {unowned}")
+    assert history.handoffs() >= 4 and len(history.reads) > 1000
 
 
 def test_zookeeper_restart_under_members(private_zk: ZooKeeperServer, tmp_path: Path) -> None:
