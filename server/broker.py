@@ -11,10 +11,10 @@
 With ``zk.zkEnable=true`` the broker registers in ZooKeeper once it listens
 (:mod:`pymetaq.server.registry`); a conflicting registration stops the start.
 
-Stop sequence: with ZooKeeper, unregister and keep serving for ``zk.zkSyncTimeMs``; stop accepting; stop reading from every connection; answer waiting long-poll
-gets; wait (bounded by ``STOP_GRACE_S``) until every in-flight put is acknowledged; flush the
-replies; close the connections; ``store.close()`` (flush, stop threads, write the clean-shutdown
-marker).
+Stop sequence: with ZooKeeper, unregister and keep serving for ``zk.zkSyncTimeMs``; stop
+accepting; stop reading from every connection; answer waiting long-poll gets; wait (bounded by
+``STOP_GRACE_S``) until every in-flight put is acknowledged; flush the replies; close the
+connections; ``store.close()`` (flush, stop threads, write the clean-shutdown marker).
 
 Thread-safety: ``start``/``stop``/``reload_config`` may be called from any thread; everything
 else runs on the broker's loop thread.

@@ -11,8 +11,8 @@ dashboardHttpPort, dataLogPath, appClassPath, getProcessThreadCount, putProcessT
 quartzThreadCount, maxCheckpoints, checkpointInterval, maxTxTimeoutTimerCapacity,
 maxTxTimeoutInSeconds, flushTxLogAtCommit, loadMessageStoresInParallel and the
 ``group.<name>`` server-side filters.  The ``[zookeeper]`` keys are live: with
-``zk.zkEnable=true`` the broker registers in ZooKeeper (:mod:`pymetaq.server.registry`).  hostName is used as the listen address (empty =
-127.0.0.1 for the standalone broker).
+``zk.zkEnable=true`` the broker registers in ZooKeeper (:mod:`pymetaq.server.registry`).
+hostName is used as the listen address (empty = 127.0.0.1 for the standalone broker).
 
 pymetaq's own ``[system]`` keys (limits; units in the names):
 
