@@ -49,6 +49,7 @@ from typing import Any
 
 from pymetaq.client.cluster.session import (
     RefreshLoop,
+    delete_if_owned,
     kazoo_client,
     negotiated_timeout_s,
     session_id,
@@ -344,14 +345,7 @@ class BrokerRegistry:
             )
 
     def _delete_if_ours(self, path: str, sid: int | None) -> None:
-        from kazoo.exceptions import BadVersionError, NoNodeError
-
-        try:
-            _, stat = self.client.get(path)
-            if stat.ephemeralOwner == sid:
-                self.client.delete(path, version=stat.version)
-        except (NoNodeError, BadVersionError):
-            pass
+        delete_if_owned(self.client, path, sid)
         with self._lock:
             self._held.discard(path)
 

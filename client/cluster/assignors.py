@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -158,41 +158,22 @@ def sticky_assign(
 
 
 @dataclass(frozen=True)
-class _Range:
-    name: str = "DEFAULT"
-    uses_owners: bool = False
+class Strategy:
+    """An :class:`Assignor` made of a name and an assignment function."""
+
+    name: str
+    uses_owners: bool
+    fn: Callable[[Sequence[str], Sequence[str], Mapping[str, str]], Assignment]
 
     def assign(
         self, members: Sequence[str], partitions: Sequence[str], owners: Mapping[str, str]
     ) -> Assignment:
-        return range_assign(members, partitions)
+        return self.fn(members, partitions, owners)
 
 
-@dataclass(frozen=True)
-class _Ketama:
-    name: str = "CONSIST"
-    uses_owners: bool = False
-
-    def assign(
-        self, members: Sequence[str], partitions: Sequence[str], owners: Mapping[str, str]
-    ) -> Assignment:
-        return ketama_assign(members, partitions)
-
-
-@dataclass(frozen=True)
-class _Sticky:
-    name: str = "STICKY"
-    uses_owners: bool = True
-
-    def assign(
-        self, members: Sequence[str], partitions: Sequence[str], owners: Mapping[str, str]
-    ) -> Assignment:
-        return sticky_assign(members, partitions, owners)
-
-
-DEFAULT: Assignor = _Range()
-CONSIST: Assignor = _Ketama()
-STICKY: Assignor = _Sticky()
+DEFAULT: Assignor = Strategy("DEFAULT", False, lambda m, p, _o: range_assign(m, p))
+CONSIST: Assignor = Strategy("CONSIST", False, lambda m, p, _o: ketama_assign(m, p))
+STICKY: Assignor = Strategy("STICKY", True, sticky_assign)
 ASSIGNORS: dict[str, Assignor] = {a.name: a for a in (DEFAULT, CONSIST, STICKY)}
 
 

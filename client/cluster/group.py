@@ -56,7 +56,12 @@ from typing import Any, NamedTuple
 from pymetaq.client.cluster.assignors import Assignor, get_assignor
 from pymetaq.client.cluster.discovery import TopicView, read_topic
 from pymetaq.client.cluster.errors import ClusterUnavailable, MembershipConflict
-from pymetaq.client.cluster.session import RefreshLoop, negotiated_timeout_s, session_id
+from pymetaq.client.cluster.session import (
+    RefreshLoop,
+    delete_if_owned,
+    negotiated_timeout_s,
+    session_id,
+)
 from pymetaq.client.protocol.zk import (
     DEFAULT_ROOT,
     ZkPaths,
@@ -409,15 +414,7 @@ class GroupCoordinator:
         return False
 
     def _delete_owner(self, tp: TopicPartition, sid: int | None) -> None:
-        from kazoo.exceptions import BadVersionError, NoNodeError
-
-        path = self.paths.owner(self.config.group, tp.topic, tp.name)
-        try:
-            _, stat = self.client.get(path)
-            if stat.ephemeralOwner == sid:
-                self.client.delete(path, version=stat.version)
-        except (NoNodeError, BadVersionError):
-            pass
+        delete_if_owned(self.client, self.paths.owner(self.config.group, tp.topic, tp.name), sid)
         self._nodes.discard(tp)
 
     def _leave(self) -> None:

@@ -76,6 +76,19 @@ def session_id(client: Any) -> int | None:
     return int(cid[0]) if cid else None
 
 
+def delete_if_owned(client: Any, path: str, sid: int | None) -> None:
+    """Delete the ephemeral ``path`` if session ``sid`` owns it (gone already is fine; a node
+    re-created by another session meanwhile is left alone)."""
+    from kazoo.exceptions import BadVersionError, NoNodeError
+
+    try:
+        _, stat = client.get(path)
+        if stat.ephemeralOwner == sid:
+            client.delete(path, version=stat.version)
+    except (NoNodeError, BadVersionError):
+        pass
+
+
 def negotiated_timeout_s(client: Any) -> float:
     """The session timeout the server granted (kazoo keeps it in ms)."""
     return float(getattr(client, "_session_timeout", 30000)) / 1000.0
