@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from pymetaq.client.protocol import zk as layout
 from pymetaq.offsets.base import (
     CorruptOffsetData,
     OffsetEntry,
@@ -27,24 +28,20 @@ from pymetaq.offsets.base import (
     newest,
 )
 
-DEFAULT_ROOT = "/meta"
+DEFAULT_ROOT = layout.DEFAULT_ROOT
 CAS_ATTEMPTS = 100
 
 
 def encode_value(entry: OffsetEntry) -> bytes:
-    return f"{entry.msg_id}-{entry.offset}".encode()
+    return layout.encode_offset(entry.msg_id, entry.offset)
 
 
 def decode_value(raw: bytes) -> tuple[int, int]:
     """``b"<msgId>-<offset>"`` or legacy ``b"<offset>"`` -> (msg_id, offset)."""
-    text = raw.decode("utf-8").strip()
     try:
-        head, sep, tail = text.rpartition("-")
-        if not sep or not head:  # legacy "<offset>" (or a bare negative number)
-            return -1, int(text)
-        return int(head), int(tail)
+        return layout.decode_offset(raw)
     except ValueError as e:
-        raise CorruptOffsetData(f"bad offset value {text!r}") from e
+        raise CorruptOffsetData(f"bad offset value {raw[:80]!r}") from e
 
 
 class ZkOffsetStore:
@@ -66,16 +63,13 @@ class ZkOffsetStore:
         self.client = client if client is not None else KazooClient(hosts=hosts)
         if self._owns_client:
             self.client.start(timeout=timeout_s)
-        self.root = root.rstrip("/")
+        self.paths = layout.ZkPaths(root)
         self._closed = False
 
     def _path(self, group: str, topic: str = "", partition: str = "") -> str:
-        p = f"{self.root}/consumers/{group}/offsets"
-        if topic:
-            p += f"/{topic}"
         if partition:
-            p += f"/{partition}"
-        return p
+            return self.paths.offset(group, topic, partition)
+        return self.paths.offsets(group, topic)
 
     def load(self, group: str, topic: str, partition: str) -> OffsetEntry | None:
         from kazoo.exceptions import KazooException, NoNodeError

@@ -8,10 +8,13 @@
 - in the foreground: ``run()`` (the ``pymetaq server`` command) blocks, handles SIGTERM/SIGINT
   (clean stop) and SIGHUP (reload the ``[topic=...]`` sections) and returns the exit code.
 
-Stop sequence: stop accepting; stop reading from every connection; answer waiting long-poll
-gets; wait (bounded by ``STOP_GRACE_S``) until every in-flight put is acknowledged; flush the
-replies; close the connections; ``store.close()`` (flush, stop threads, write the clean-shutdown
-marker).
+With ``zk.zkEnable=true`` the broker registers in ZooKeeper once it listens
+(:mod:`pymetaq.server.registry`); a conflicting registration stops the start.
+
+Stop sequence: with ZooKeeper, unregister and keep serving for ``zk.zkSyncTimeMs``; stop
+accepting; stop reading from every connection; answer waiting long-poll gets; wait (bounded by
+``STOP_GRACE_S``) until every in-flight put is acknowledged; flush the replies; close the
+connections; ``store.close()`` (flush, stop threads, write the clean-shutdown marker).
 
 Thread-safety: ``start``/``stop``/``reload_config`` may be called from any thread; everything
 else runs on the broker's loop thread.
@@ -34,6 +37,7 @@ from pymetaq.server.config import BrokerConfig, load_config
 from pymetaq.server.connection import Connection
 from pymetaq.server.dispatch import Dispatcher
 from pymetaq.server.errors import BrokerStateError, ConfigError, StartupError
+from pymetaq.server.registry import RegistryError
 from pymetaq.storage import MessageStoreManager, StorageError
 
 log = logging.getLogger("pymetaq.server")
@@ -58,6 +62,7 @@ class Broker:
         self._error: BaseException | None = None
         self._store_configs: dict[str, Any] = {}
         self._loop_thread_id = 0
+        self.registry: Any = None  # pymetaq.server.registry.BrokerRegistry when zk is enabled
 
     @property
     def address(self) -> tuple[str, int]:
@@ -125,6 +130,9 @@ class Broker:
         except StartupError as exc:  # a reason for a person, not a traceback
             log.error("%s", exc)
             return 1
+        except RegistryError as exc:
+            log.error("broker %d not started: %s", self.config.system.broker_id, exc)
+            return 1
         except Exception:
             log.exception("broker failed")
             return 1
@@ -157,6 +165,12 @@ class Broker:
                 ) from exc
             raise
         self.port = server.sockets[0].getsockname()[1]
+        try:
+            await self._register()
+        except BaseException:
+            server.close()
+            await loop.run_in_executor(None, self.store.close)
+            raise
         if install_signals:
             loop.add_signal_handler(signal.SIGTERM, self._stop_event.set)
             loop.add_signal_handler(signal.SIGINT, self._stop_event.set)
@@ -198,8 +212,18 @@ class Broker:
                     self.config.path,
                 )
         self.store.start()
-        if self.config.zookeeper.enabled:
-            log.warning("zk.zkEnable=true but ZooKeeper is not supported yet: running standalone")
+
+    async def _register(self) -> None:
+        if self.config.zookeeper.enabled:  # kazoo is imported only then
+            from pymetaq.server.registry import open_registry
+
+            loop = asyncio.get_running_loop()
+            self.registry = await loop.run_in_executor(None, open_registry, self)
+
+    def topic_stored(self, topic: str) -> None:
+        """The dispatcher opened ``topic`` for writing (a pattern topic's first put)."""
+        if self.registry is not None:
+            self.registry.add_topic(topic)
 
     def _topic_store_config(self, topic: str) -> Any:
         tc = self.config.topic_config(topic)
@@ -212,6 +236,11 @@ class Broker:
         return cached
 
     async def _shutdown(self, server: asyncio.Server, dispatcher: Dispatcher) -> None:
+        if self.registry is not None:  # MetaQ: unregister, let clients notice, then stop
+            await asyncio.get_running_loop().run_in_executor(None, self.registry.stop)
+            sync_ms = self.config.zookeeper.sync_time_ms
+            log.info("unregistered from ZooKeeper; serving %d ms more (zk.zkSyncTimeMs)", sync_ms)
+            await asyncio.sleep(sync_ms / 1000)
         log.info("stopping: no longer accepting connections")
         dispatcher.accepting = False
         server.close()
@@ -283,5 +312,7 @@ class Broker:
         if self.dispatcher is not None:
             self.dispatcher.invalidate_logs()
         self.store.reload_topic_config()
+        if self.registry is not None:
+            self.registry.reload()
         log.info("config reloaded: %d topic section(s)", len(new.topics))
         return True

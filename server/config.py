@@ -16,10 +16,10 @@ Every MetaQ key is accepted.  Keys that pymetaq reads today are *live*; the othe
 validated and kept but *inert* until the feature that uses them lands (see ``INERT_KEYS``):
 dashboardHttpPort, dataLogPath, appClassPath, getProcessThreadCount, putProcessThreadCount,
 quartzThreadCount, maxCheckpoints, checkpointInterval, maxTxTimeoutTimerCapacity,
-maxTxTimeoutInSeconds, flushTxLogAtCommit, loadMessageStoresInParallel, every ``zk.*`` key
-(pymetaq runs standalone until the cluster issue; ``zk.zkEnable=true`` only logs a warning) and
-the ``group.<name>`` server-side filters.  hostName is used as the listen address (empty =
-127.0.0.1 for the standalone broker).
+maxTxTimeoutInSeconds, flushTxLogAtCommit, loadMessageStoresInParallel and the
+``group.<name>`` server-side filters.  The ``[zookeeper]`` keys are live: with
+``zk.zkEnable=true`` the broker registers in ZooKeeper (:mod:`pymetaq.server.registry`).
+hostName is used as the listen address (empty = 127.0.0.1 for the standalone broker).
 
 pymetaq's own ``[system]`` keys (limits; units in the names):
 
@@ -150,7 +150,6 @@ INERT_KEYS: frozenset[str] = frozenset(
         "maxTxTimeoutInSeconds",
         "flushTxLogAtCommit",
         "loadMessageStoresInParallel",
-        *ZK_KEYS,
     }
 )
 
@@ -204,7 +203,7 @@ class SystemConfig:
 
 @dataclass(frozen=True)
 class ZkConfig:
-    """The ``[zookeeper]`` section (inert until the cluster issue)."""
+    """The ``[zookeeper]`` section (MetaQ's ZKConfig; see :mod:`pymetaq.server.registry`)."""
 
     enabled: bool = True
     connect: str = "localhost:2181"

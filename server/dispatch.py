@@ -137,7 +137,7 @@ class Dispatcher:
         self.per_ip = ConnectionCounts(system.max_connections_per_ip)
         self.throttled = Throttled(log)
         self.longpoll = LongPoll(self)
-        self.partitions = Partitions(broker, self.longpoll.store_created)
+        self.partitions = Partitions(broker, self._store_created)
         self._table: dict[type, Handler] = dict(
             (
                 _route(PutCommand, self.on_put),
@@ -230,6 +230,12 @@ class Dispatcher:
             log.exception("error handling %s from %s", type(cmd).__name__, conn.peer)
             opaque = getattr(cmd, "opaque", 0)
             conn.result(500, f"internal error: {exc!r}".encode(), opaque)
+
+    def _store_created(self, topic: str, partition: int, plog: PartitionLog) -> None:
+        """A put created a partition's store: wake gets waiting for it, register the topic
+        in ZooKeeper (a pattern topic's first put)."""
+        self.longpoll.store_created(topic, partition, plog)
+        self.broker.topic_stored(topic)
 
     def invalidate_logs(self) -> None:
         """Forget cached log lookups (after a config reload)."""

@@ -56,11 +56,14 @@ def write_server_ini(
     data_path: Path,
     system: Mapping[str, Any] | None = None,
     topics: Mapping[str, Mapping[str, Any]] | None = None,
+    zookeeper: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write a server.ini: [system] (defaults above + ``system``), zookeeper off, topics."""
+    """Write a server.ini: [system] (defaults above + ``system``), [zookeeper] (off unless
+    ``zookeeper`` gives keys, e.g. ``{"zk.zkEnable": "true", "zk.zkConnect": hosts}``), topics."""
     sys_values = {**DEFAULT_SYSTEM, "dataPath": str(data_path), **(system or {})}
     lines = ["[system]", *(f"{k}={v}" for k, v in sys_values.items()), ""]
-    lines += ["[zookeeper]", "zk.zkEnable=false", ""]
+    zk_values = {"zk.zkEnable": "false", **(zookeeper or {})}
+    lines += ["[zookeeper]", *(f"{k}={v}" for k, v in zk_values.items()), ""]
     for name, values in (topics if topics is not None else {"test": {}}).items():
         lines += [f"[topic={name}]", *(f"{k}={v}" for k, v in values.items()), ""]
     path.write_text("\n".join(lines), encoding="utf-8")
@@ -100,6 +103,7 @@ class BrokerProcess:
         ini_text: str | None = None,
         name: str = "broker",
         nofile: tuple[int, int] | None = None,
+        zookeeper: Mapping[str, Any] | None = None,
     ) -> BrokerProcess:
         """Write a config under ``tmp_path/name`` and start a broker on it."""
         base = tmp_path / name
@@ -108,7 +112,9 @@ class BrokerProcess:
         if ini_text is not None:
             config.write_text(ini_text, encoding="utf-8")
         else:
-            write_server_ini(config, data_path=base / "data", system=system, topics=topics)
+            write_server_ini(
+                config, data_path=base / "data", system=system, topics=topics, zookeeper=zookeeper
+            )
         broker = cls(config, base, nofile=nofile)
         broker.launch()
         return broker
@@ -162,6 +168,8 @@ class BrokerProcess:
             ) from None
         if not isinstance(match, re.Match):
             self._reader.join(5)
+            if proc.stdout is not None:
+                proc.stdout.close()
             raise RuntimeError(
                 f"broker exited with {proc.returncode} before listening:\n" + self.log_text()
             )
@@ -185,6 +193,11 @@ class BrokerProcess:
             self.proc.wait(30)
         if self._reader is not None:
             self._reader.join(5)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the broker process (SIGSTOP/SIGCONT/SIGHUP in tests)."""
+        assert self.proc is not None
+        self.proc.send_signal(sig)
 
     def terminate(self, timeout: float = 60.0) -> int:
         """SIGTERM and wait; returns the exit code (the process is killed on timeout)."""

@@ -354,10 +354,17 @@ class ZooKeeperServer:
 
 def expire_session(zk_server: ZooKeeperServer, client: Any) -> None:
     """Expire a kazoo client's session deterministically (same session id, then close)."""
+    session_id, password = client.client_id
+    expire_session_id(zk_server.hosts, session_id, password)
+
+
+def expire_session_id(hosts: str, session_id: int, password: bytes) -> None:
+    """Expire the session ``session_id`` (of any process): attach a second client to it with
+    its password and close it.  The owner's connection is dropped at the attach, so it stops
+    hearing from the server before its ephemeral nodes are deleted."""
     from kazoo.client import KazooClient
 
-    session_id, password = client.client_id
-    other = KazooClient(hosts=zk_server.hosts, client_id=(session_id, password))
+    other = KazooClient(hosts=hosts, client_id=(session_id, password))
     other.start(timeout=10)
     other.stop()
     other.close()

@@ -1,0 +1,35 @@
+"""Errors of the cluster components.
+
+```
+ClusterError (retriable: bool)
+├── ClusterUnavailable   ZooKeeper cannot be reached, or kazoo is not installed
+└── MembershipConflict   another live session already holds our consumer id (never retriable)
+```
+
+Thread-safe: plain exception classes.
+"""
+
+from __future__ import annotations
+
+
+class ClusterError(Exception):
+    """Base class of the cluster errors."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class ClusterUnavailable(ClusterError):
+    """ZooKeeper did not answer in time (retriable), or the ``zk`` extra is missing."""
+
+    retriable = True
+
+
+class MembershipConflict(ClusterError):
+    """A consumer id is registered in the group by another live ZooKeeper session."""
+
+    retriable = False

@@ -1,0 +1,65 @@
+"""docs/cluster.md's Python example runs as written against two real brokers registered in a
+real ZooKeeper, and prints what the page shows."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._broker import BrokerProcess
+from tests._services import ZooKeeperServer
+from tests.cluster.conftest import wait_until
+
+pytestmark = [pytest.mark.zk, pytest.mark.integration]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cluster_example_runs(
+    tmp_path: Path, zk_server: ZooKeeperServer, zk_hosts: str, zk: Any
+) -> None:
+    text = (ROOT / "docs" / "cluster.md").read_text(encoding="utf-8")
+    section = text[text.index("## Using the components") :]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    chroot = zk_hosts[len(zk_server.hosts) :]
+    # the brokers' zk.zkConnect carries the chroot; the client URL names the same tree as root
+    code = code.replace("zk://127.0.0.1:2181/meta", f"zk://{zk_server.hosts}{chroot}/meta")
+    zk_keys = {"zk.zkEnable": "true", "zk.zkConnect": zk_hosts, "zk.zkSyncTimeMs": 100}
+    with contextlib.ExitStack() as stack:
+        brokers = [
+            stack.enter_context(
+                BrokerProcess.start(
+                    tmp_path,
+                    name=f"b{i}",
+                    system={"brokerId": i},
+                    topics={"orders": {"numPartitions": 3}},
+                    zookeeper=zk_keys,
+                )
+            )
+            for i in range(2)
+        ]
+        wait_until(lambda: len(zk.get_children("/meta/brokers/topics-pub/orders")) == 2)
+        r = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    urls = [f"meta://{b.host}:{b.port}" for b in brokers]
+    assert lines[:6] == [f"send to {b}-{p} at {urls[b]}" for b in range(2) for p in range(3)]
+    first, second = "['0-0', '0-1', '0-2', '1-0', '1-1', '1-2']", "['1-0', '1-1', '1-2']"
+    a = [x for x in lines[6:] if x.startswith("a ")]
+    assert a == [
+        f"a assigned {first}",
+        f"a revoked {second}",
+        f"a assigned {second}",
+        f"a revoked {first}",
+    ]
+    b_lines = [x for x in lines[6:] if x.startswith("b ")]
+    assert b_lines[-1] == f"b revoked {second}"
+    got = sorted(p for x in b_lines[:-1] for p in re.findall(r"'(\d-\d)'", x))
+    assert got == ["1-0", "1-1", "1-2"] and all("assigned" in x for x in b_lines[:-1])
