@@ -19,8 +19,9 @@ import threading
 import time
 from typing import Any
 
-from pymetaq.client.cluster.group import GroupConfig, GroupCoordinator, TopicPartition
+from pymetaq.client.cluster.group import GroupConfig, GroupCoordinator
 from pymetaq.client.cluster.session import kazoo_client
+from pymetaq.client.types import TopicPartition
 
 
 class Events:
@@ -35,7 +36,7 @@ class Events:
 
 
 def _names(parts: frozenset[TopicPartition]) -> list[str]:
-    return sorted(f"{tp.topic}:{tp.name}" for tp in parts)
+    return sorted(f"{tp.topic}:{tp.key}" for tp in parts)
 
 
 def main() -> None:

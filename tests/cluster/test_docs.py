@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests._broker import BrokerProcess
+from tests._helpers import wait_for
 from tests._services import ZooKeeperServer
-from tests.cluster.conftest import wait_until
 
 pytestmark = [pytest.mark.zk, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def test_cluster_example_runs(
             )
             for i in range(2)
         ]
-        wait_until(lambda: len(zk.get_children("/meta/brokers/topics-pub/orders")) == 2)
+        wait_for(lambda: len(zk.get_children("/meta/brokers/topics-pub/orders")) == 2)
         r = subprocess.run(
             [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
         )
