@@ -1,4 +1,5 @@
-"""The client's ``pymetaq`` subcommands: ``produce``, ``consume``, ``offsets``, ``stats``.
+"""The client's ``pymetaq`` subcommands: ``produce``, ``consume``, ``offsets``, ``stats``,
+``cluster``.
 
 ``pymetaq.server.cli`` (which keeps ``main()``) imports this package and the server's own
 commands explicitly and calls :func:`add_parsers` once; each command module has
@@ -11,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pymetaq.client.cli import consume, offsets, produce, stats
+from pymetaq.client.cli import cluster, consume, offsets, produce, stats
 
 
 def add_parsers(subparsers: Any) -> None:
     """Register every client command on an ``ArgumentParser``'s subparsers."""
-    for command in (produce, consume, offsets, stats):
+    for command in (produce, consume, offsets, stats, cluster):
         command.add_parser(subparsers)
