@@ -97,17 +97,15 @@ class Membership:
             self.zk, gc, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         self.coordinator = coord
+        coord.start()
+        # after the coordinator's own listener: when ours runs, may_deliver() is False already,
+        # so a partition _acquire() adds meanwhile is fenced by one or the other
         self.zk.add_listener(self._on_state)
-        try:
-            coord.start()
-        except BaseException:
-            self.zk.remove_listener(self._on_state)
-            raise
         log.info("%s joined group %s (strategy %s)", self.consumer_id, self.group, gc.assignor.name)
 
     def _engine_loop(self) -> asyncio.AbstractEventLoop:
-        loop = getattr(self.engine, "loop", None)
-        if not isinstance(loop, asyncio.AbstractEventLoop):
+        loop = self.engine.loop
+        if loop is None:
             raise RuntimeError("the engine's loop is not known: join() comes from open()")
         return loop
 

@@ -5,8 +5,9 @@ It appends one JSON line per event to ``--events`` (flushed at once, so a SIGKIL
 most the line being written); times are ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide
 on Linux, so they compare across processes):
 
-* ``session`` (``sid``, ``pwd`` hex) on each new ZooKeeper session (the test expires it with
-  the same-session-id trick); ``ready`` once the consumer started;
+* ``join`` just before ``consumer.start()`` (it connects and joins the group), ``ready`` once
+  it returned; ``session`` (``sid``, ``pwd`` hex) on each new ZooKeeper session (the test
+  expires it with the same-session-id trick);
 * ``assign`` (``parts``) *before* the consumer's hand-off code takes the partitions (so every
   delivery of them comes after it); ``revoked`` / ``lost`` (``parts``) *after* the consumer
   gave them up (its hand-off returned: nothing of them is delivered any more);
@@ -90,6 +91,7 @@ def main() -> None:
     consumer.subscribe(args.topic, deliver)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    events.write("join")
     consumer.start()
     membership = consumer.membership
     assert membership is not None
