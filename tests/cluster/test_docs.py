@@ -63,3 +63,32 @@ def test_cluster_example_runs(
     assert b_lines[-1] == f"b revoked {second}"
     got = sorted(p for x in b_lines[:-1] for p in re.findall(r"'(\d-\d)'", x))
     assert got == ["1-0", "1-1", "1-2"] and all("assigned" in x for x in b_lines[:-1])
+
+
+def test_running_a_cluster_python_example_runs(
+    tmp_path: Path, zk_server: ZooKeeperServer, zk_hosts: str, zk: Any
+) -> None:
+    text = (ROOT / "docs" / "cluster.md").read_text(encoding="utf-8")
+    section = text[text.index("## Running a cluster") : text.index("## Using the components")]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    chroot = zk_hosts[len(zk_server.hosts) :]
+    code = code.replace("zk://127.0.0.1:2181", f"zk://{zk_server.hosts}{chroot}/meta")
+    zk_keys = {"zk.zkEnable": "true", "zk.zkConnect": zk_hosts, "zk.zkSyncTimeMs": 100}
+    with contextlib.ExitStack() as stack:
+        for i in range(2):
+            stack.enter_context(
+                BrokerProcess.start(
+                    tmp_path,
+                    name=f"b{i}",
+                    system={"brokerId": i},
+                    topics={"orders": {"numPartitions": 2}},
+                    zookeeper=zk_keys,
+                )
+            )
+        wait_for(lambda: len(zk.get_children("/meta/brokers/topics-sub/orders")) == 2)
+        r = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+    assert r.returncode == 0, r.stderr
+    (line,) = r.stdout.splitlines()
+    assert re.fullmatch(r"[01]-[01] 0 b'order-25'", line), line
