@@ -18,8 +18,10 @@ committed every ``commit_interval_s`` seconds, before a partition is released an
 only past processed messages). A listener exception is retried (``delay = max_delay/10 x
 attempt``); after ``1 + max_fetch_retries`` attempts the message goes to the reject policy
 (default: the local recover spool, redelivered every ``recover_interval_s``) and the partition
-moves on. Without ZooKeeper a consumer owns every partition of its topics; ``assign()`` is the
-seam for group rebalancing (cluster issue).
+moves on. With ``meta://`` servers a consumer owns every partition of its topics (``assign()``
+picks others); with ``zk://`` servers and a group it gets its share through ZooKeeper, and a
+listener is never called for a partition it no longer owns (see
+:mod:`pymetaq.client.consumer.membership`).
 
 Throughput: a fetch buffers one reply (up to ``fetch_max_size``, 1 MiB = MetaQ's
 ``maxTransferSize``) and sends the next ``get`` at once (read-ahead), so the network and the
