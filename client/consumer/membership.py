@@ -225,4 +225,5 @@ class Membership:
                 engine.ledger.forget(tp)
                 engine.parked.pop(tp, None)
             else:
+                st.buffer, st.index = [], 0  # only the position is kept (fetched again)
                 engine.parked[tp] = st

@@ -139,6 +139,8 @@ class ZkBrokerSet(BrokerSet):
         self._seen: set[int] = set()  # every broker id a view or a lookup has shown
         self._down: dict[int, float] = {}  # broker id -> probe delay while it is down
         self._probes: dict[int, asyncio.TimerHandle] = {}
+        #: connections of retired brokers still answering requests in flight
+        self._retired: set[BrokerConnection] = set()
         self._changed: asyncio.Event | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -157,6 +159,8 @@ class ZkBrokerSet(BrokerSet):
 
     def close(self) -> None:
         super().close()
+        for conn in list(self._retired):
+            self._close_retired(conn)
         for probe in self._probes.values():
             probe.cancel()
         self._probes.clear()
@@ -249,10 +253,15 @@ class ZkBrokerSet(BrokerSet):
         conn = b.conn
         if conn is not None and not conn.closed:
             if conn.pending and self._loop is not None:
-                self._loop.call_later(self.request_timeout_s + 1.0, conn.close)
+                self._retired.add(conn)
+                self._loop.call_later(self.request_timeout_s + 1.0, self._close_retired, conn)
             else:
                 conn.close()
         log.info("broker %s at %s is no longer registered", b.broker_id, b.address)
+
+    def _close_retired(self, conn: BrokerConnection) -> None:
+        self._retired.discard(conn)
+        conn.close()
 
     # -- brokers that do not answer -----------------------------------------------------------
     async def _ensure(self, b: _Broker) -> BrokerConnection:
