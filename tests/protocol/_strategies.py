@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from pymetaq.client.protocol import (
     NEED_DATA,
+    AdminCommand,
     BatchPutCommand,
     Event,
     GetCommand,
@@ -106,6 +107,7 @@ COMMANDS: st.SearchStrategy[Event] = st.one_of(
     st.builds(OffsetCommand, TOKEN, TOKEN, INT32, INT64, OPAQUE),
     st.builds(StatsCommand, st.just("") | TOKEN, OPAQUE),
     st.builds(VersionCommand, OPAQUE),
+    st.builds(AdminCommand, TOKEN, st.lists(TOKEN, max_size=5).map(tuple), OPAQUE),
     st.just(QuitCommand()),
     transactions(),
     st.builds(SyncCommand, TOKEN, INT32, BODY, INT32, INT64, CHECKSUM, OPAQUE),
