@@ -131,6 +131,8 @@ class DashboardApp:
         return Response(200, body, HTML, [("Cache-Control", "no-store")])
 
     def _stats(self, request: Request, item: str = "") -> Response:
+        if item == "reset":  # a GET must not change state
+            return Response(403, b"stats reset is not served over HTTP: `pymetaq stats reset`\n")
         body = self.dispatcher.stats_body(item)
         if request.arg("format") == "text":
             return Response(200, body)
