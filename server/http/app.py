@@ -2,7 +2,7 @@
 
 | route                      | answer                                                         |
 |----------------------------|----------------------------------------------------------------|
-| GET ``/metrics``           | Prometheus text format (``prometheus_client``)                 |
+| GET ``/metrics``           | Prometheus text format 0.0.4, or OpenMetrics if ``Accept``-ed  |
 | GET ``/``                  | overview                                                       |
 | GET ``/topics``, ``/topics/<topic>`` | topics with partitions and rates; one topic          |
 | GET ``/groups``            | consumer groups with live lag per partition                    |
@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from pymetaq.server.http import pages
 from pymetaq.server.http.server import Request, Response
@@ -156,7 +156,9 @@ class DashboardApp:
         )
 
     def _metrics(self, request: Request) -> Response:
-        return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+        """The text format (0.0.4), or OpenMetrics when the scraper asks for it."""
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(200, encoder(self.registry), content_type)
 
     # -- the guarded reload -------------------------------------------------------------------
     def _reload(self, request: Request) -> Response:
