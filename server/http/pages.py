@@ -76,7 +76,8 @@ def table(head: Sequence[str], rows: Iterable[str], cls: str = "", empty: str = 
     if not body:
         body = f'<tr class="empty"><td colspan="{len(head)}">{esc(empty)}</td></tr>'
     cols = "".join(f"<th>{esc(h)}</th>" for h in head)
-    return f'<table class="{esc(cls)}"><thead><tr>{cols}</tr></thead><tbody>{body}</tbody></table>'
+    thead = f"<thead><tr>{cols}</tr></thead>" if any(head) else ""
+    return f'<table class="{esc(cls)}">{thead}<tbody>{body}</tbody></table>'
 
 
 def page(title: str, path: str, body: str, overview: dict[str, Any], *, live: str = "") -> bytes:

@@ -71,11 +71,14 @@
   }
 
   function niceMax(v) {
+    // a round top in the unit the axis shows (1, 2, 4, 5, 8, 10 ... KiB/MiB...): 4 even steps
     if (v <= 0) return 1024;
-    var exp = Math.pow(10, Math.floor(Math.log10(v)));
-    var steps = [1, 2, 2.5, 5, 10];
-    for (var i = 0; i < steps.length; i++) if (steps[i] * exp >= v) return steps[i] * exp;
-    return 10 * exp;
+    var unit = 1;
+    while (v / unit >= 1024 && unit < Math.pow(1024, 5)) unit *= 1024;
+    var x = v / unit, exp = Math.pow(10, Math.floor(Math.log10(x)));
+    var steps = [1, 2, 4, 8, 10];
+    for (var i = 0; i < steps.length; i++) if (steps[i] * exp >= x) return steps[i] * exp * unit;
+    return 10 * exp * unit;
   }
 
   function drawChart(canvas, series, now) {
