@@ -10,7 +10,7 @@ Bounds (every peer is untrusted, whatever address the port listens on):
 | bound              | value   | past it                                   |
 |--------------------|---------|-------------------------------------------|
 | connections        | 64      | ``503`` and close                         |
-| request head       | 16 KiB  | ``431`` and close                         |
+| request head       | 16 KiB, 100 fields | ``431`` and close              |
 | request body       | 64 KiB  | ``413`` and close                         |
 | head arrival       | 10 s    | the connection is closed                  |
 | idle keep-alive    | 30 s    | the connection is closed                  |
@@ -32,10 +32,13 @@ log = logging.getLogger("pymetaq.server.http")
 
 MAX_CONNECTIONS = 64
 MAX_HEAD = 16 * 1024
+MAX_HEADERS = 100
 MAX_BODY = 64 * 1024
 HEAD_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 30.0
 MAX_REQUESTS = 1000
+LINGER_S = 2.0
+LINGER_BYTES = 256 * 1024
 SERVER = "pymetaq"
 
 
@@ -87,6 +90,8 @@ def parse_head(head: bytes, peer: str) -> tuple[Request, int, bool]:
     except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes anything
         raise _Bad(400) from None
     lines = text.split("\r\n")
+    if len(lines) > MAX_HEADERS + 1:
+        raise _Bad(431, "too many header fields")
     parts = lines[0].split(" ")
     if len(parts) != 3:
         raise _Bad(400, "bad request line")
@@ -100,7 +105,7 @@ def parse_head(head: bytes, peer: str) -> tuple[Request, int, bool]:
         if not line:
             continue
         name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or len(headers) >= 100:
+        if not sep or not name or name != name.strip():
             raise _Bad(400, "bad header")
         headers[name.lower()] = value.strip()
     if "transfer-encoding" in headers:
@@ -136,6 +141,24 @@ def render(resp: Response, *, keep: bool, head_only: bool) -> bytes:
     return head if head_only else head + resp.body
 
 
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Finish an error reply so the peer reads it: send it, end our side, then drop what the
+    peer still sends (bounded: ``LINGER_BYTES`` or ``LINGER_S``) - closing with unread input
+    would reset the connection before the reply is read."""
+    await writer.drain()
+    if writer.can_write_eof():
+        writer.write_eof()
+    dropped = 0
+    try:
+        while dropped < LINGER_BYTES:
+            chunk = await asyncio.wait_for(reader.read(65536), LINGER_S)
+            if not chunk:
+                break
+            dropped += len(chunk)
+    except (TimeoutError, ConnectionError, asyncio.LimitOverrunError):
+        pass
+
+
 class HttpServer:
     """Listens on (host, port) and answers with ``app``."""
 
@@ -164,12 +187,14 @@ class HttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer_info = writer.get_extra_info("peername")
         peer = str(peer_info[0]) if isinstance(peer_info, tuple) else "?"
-        if len(self._writers) >= MAX_CONNECTIONS:
-            writer.write(render(_plain(503, "too many connections"), keep=False, head_only=False))
-            writer.close()
-            return
         self._writers.add(writer)
         try:
+            if len(self._writers) > MAX_CONNECTIONS:
+                writer.write(
+                    render(_plain(503, "too many connections"), keep=False, head_only=False)
+                )
+                await _linger(reader, writer)
+                return
             for n in range(MAX_REQUESTS):
                 if not await self._one(reader, writer, peer, last=n == MAX_REQUESTS - 1):
                     break
@@ -190,6 +215,7 @@ class HttpServer:
             rest = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         except asyncio.LimitOverrunError:
             writer.write(render(_plain(431), keep=False, head_only=False))
+            await _linger(reader, writer)
             return False
         head = first + rest[:-4]
         try:
@@ -198,7 +224,7 @@ class HttpServer:
                 raise _Bad(413)
         except _Bad as exc:
             writer.write(render(exc.response, keep=False, head_only=False))
-            await writer.drain()
+            await _linger(reader, writer)
             return False
         if length:
             request.body = await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT_S)
