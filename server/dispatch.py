@@ -286,7 +286,7 @@ class Dispatcher:
                 403, f"The topic `{topic}` in broker does not accept publish".encode(), opaque
             )
             return None
-        if self.monitor.closed:  # only while some partition is closed (admin close)
+        if self.monitor.closed.active:  # only while some partition is closed (admin close)
             partition, why = self.monitor.closed.check_put(self.broker, tc, topic, partition)
             if why is not None:
                 self._put_failed(conn, opaque, why, code=403)

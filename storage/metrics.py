@@ -48,7 +48,8 @@ class HistogramSnapshot:
 
     def cumulative(self) -> list[tuple[float, int]]:
         """(upper bound, observations <= it) pairs, +Inf last (Prometheus's form)."""
-        out, running = [], 0
+        out: list[tuple[float, int]] = []
+        running = 0
         for bound, n in zip((*self.bounds, float("inf")), self.counts):
             running += n
             out.append((bound, running))

@@ -10,6 +10,7 @@
 | POST ``/reload-config``    | reload (MetaQ's route); guarded, then ``303`` to ``/config``    |
 | GET ``/stats``, ``/stats/<item>`` | MetaQ's ``stats <item>`` text                           |
 | GET ``/threads``           | every thread's stack (MetaQ's ``/thread-dump``)                |
+| GET ``/dashboard``, ``/cluster``, ``/thread-dump`` | MetaQ's routes: the overview, the threads |
 | GET ``/api/overview``, ``/api/topics``, ``/api/groups`` | JSON behind the pages' live numbers |
 | GET ``/static/<file>``     | ``dashboard.css``, ``dashboard.js``, ``favicon.svg`` (package data) |
 
@@ -78,6 +79,10 @@ class DashboardApp:
             "/stats": self._stats,
             "/threads": self._threads,
             "/metrics": self._metrics,
+            # MetaQ's dashboard routes, for old bookmarks
+            "/dashboard": self._overview,
+            "/cluster": self._overview,
+            "/thread-dump": self._threads,
             "/api/overview": lambda r: _json(self._ov()),
             "/api/topics": lambda r: _json(views.topics(broker, dispatcher, rates)),
             "/api/groups": lambda r: _json(views.groups(broker, dispatcher)),

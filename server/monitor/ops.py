@@ -73,9 +73,11 @@ class ClosedPartitions:
 
     def __init__(self) -> None:
         self._closed: dict[str, set[int]] = {}
+        #: any partition closed? (a plain attribute: the put path reads it on every put)
+        self.active = False
 
     def __bool__(self) -> bool:
-        return bool(self._closed)
+        return self.active
 
     def is_closed(self, topic: str, partition: int) -> bool:
         parts = self._closed.get(topic)
@@ -105,6 +107,7 @@ class ClosedPartitions:
 
     def close(self, topic: str, partitions: range) -> None:
         self._closed.setdefault(topic, set()).update(partitions)
+        self.active = True
 
     def open(self, topic: str, partitions: range | None) -> list[int]:
         """Open ``partitions`` (None: all) of ``topic``; the ones that were closed."""
@@ -113,6 +116,7 @@ class ClosedPartitions:
         parts.difference_update(opened)
         if not parts:
             self._closed.pop(topic, None)
+        self.active = bool(self._closed)
         return opened
 
     def items(self) -> list[tuple[str, list[int]]]:
