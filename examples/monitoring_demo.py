@@ -65,7 +65,9 @@ def produce(port: int, topic: str, partitions: int, stop: threading.Event) -> No
         buf, i = bytearray(), 0
         while not stop.is_set():
             data = rng.randbytes(rng.randrange(100, 400))
-            sock.sendall(b"put %s %d %d 0 -1 %d\r\n" % (topic.encode(), i % partitions, len(data), i) + data)
+            sock.sendall(
+                b"put %s %d %d 0 -1 %d\r\n" % (topic.encode(), i % partitions, len(data), i) + data
+            )
             read_reply(sock, buf)
             i += 1
             if i % 50 == 0:
@@ -79,9 +81,13 @@ def consume(port: int, group: str, max_size: int, pause: float, stop: threading.
         while not stop.is_set():
             p = n % 3
             n += 1
-            sock.sendall(b"get orders %s %d %d %d %d\r\n" % (group.encode(), p, offsets[p], max_size, n))
+            sock.sendall(
+                b"get orders %s %d %d %d %d\r\n" % (group.encode(), p, offsets[p], max_size, n)
+            )
             data, pos = read_reply(sock, buf), 0
-            while pos + 20 <= len(data) and pos + 20 + HEADER.unpack_from(data, pos)[0] <= len(data):
+            while pos + 20 <= len(data) and pos + 20 + HEADER.unpack_from(data, pos)[0] <= len(
+                data
+            ):
                 pos += 20 + HEADER.unpack_from(data, pos)[0]
             offsets[p] += pos
             time.sleep(pause)

@@ -138,6 +138,13 @@ def _group_lag(p: Poll) -> dict[tuple[str, str], tuple[int, int, float | None]]:
     return out
 
 
+def _topic_total(topic: str, index: int) -> Callable[[Poll], float]:
+    def total(p: Poll) -> float:
+        return float(p.topics.get(topic, (0, 0, 0))[index])
+
+    return total
+
+
 def screen(prev: Poll | None, cur: Poll, server: str, interval: float) -> list[Line]:
     """The lines to show (text, curses attribute)."""
     g = cur.general
@@ -158,8 +165,8 @@ def screen(prev: Poll | None, cur: Poll, server: str, interval: float) -> list[L
         (f"{'TOPIC':<28} {'PARTS':>5} {'MSGS/S IN':>12} {'BYTES/S IN':>12} {'MESSAGES':>14}", head),
     ]  # fmt: skip
     for topic, (parts, count, _size) in sorted(cur.topics.items()):
-        msgs = _per_s(prev, cur, lambda p, t=topic: float(p.topics.get(t, (0, 0, 0))[1]))
-        nbytes = _per_s(prev, cur, lambda p, t=topic: float(p.topics.get(t, (0, 0, 0))[2]))
+        msgs = _per_s(prev, cur, _topic_total(topic, 1))
+        nbytes = _per_s(prev, cur, _topic_total(topic, 2))
         lines.append(
             (f"{topic[:28]:<28} {parts:>5} {_rate(msgs):>12} {_rate(nbytes, human_bytes) + '/s':>12} "
              f"{count:>14,}", 0)

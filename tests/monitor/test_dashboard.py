@@ -26,7 +26,10 @@ from tests.monitor._helpers import Ledger, Producer, RawGroup, fill
 
 pytestmark = pytest.mark.integration
 
-TOPICS = {"lagt": {"numPartitions": 2, "stat": "true"}, "load": {"numPartitions": 2}}
+TOPICS: dict[str, dict[str, object]] = {
+    "lagt": {"numPartitions": 2, "stat": "true"},
+    "load": {"numPartitions": 2},
+}
 EVIL = "<i>evil</i>&\"'"
 
 
