@@ -137,7 +137,7 @@ def main() -> int:
         threading.Thread(target=produce, args=(port, "orders", 3, stop)),
         threading.Thread(target=produce, args=(port, "clicks", 2, stop)),
         threading.Thread(target=consume, args=(port, "billing", 256 * 1024, 0.01, stop)),
-        threading.Thread(target=consume, args=(port, "analytics", 16 * 1024, 0.05, stop)),
+        threading.Thread(target=consume, args=(port, "analytics", 4096, 0.1, stop)),
     ]
     for w in workers:
         w.start()
