@@ -33,6 +33,7 @@ from pymetaq.server.config import BrokerConfig, load_config
 from pymetaq.server.connection import Connection
 from pymetaq.server.dispatch import Dispatcher
 from pymetaq.server.errors import BrokerStateError, ConfigError
+from pymetaq.server.transaction.service import TransactionService
 from pymetaq.storage import MessageStoreManager
 
 log = logging.getLogger("pymetaq.server")
@@ -46,6 +47,7 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.store: Any = None
+        self.transactions: Any = None
         self.port = 0
         self.host = config.system.host_name or "127.0.0.1"
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -145,6 +147,7 @@ class Broker:
                 reuse_address=True,
             )
         except BaseException:
+            self.transactions.close_blocking()
             self.store.close()
             raise
         self.port = server.sockets[0].getsockname()[1]
@@ -175,6 +178,11 @@ class Broker:
         for report in self.store.open():
             log.debug("recovered %s", report)
         self.store.start()
+        try:
+            self.transactions = TransactionService.open(self.config, self.store)
+        except BaseException:
+            self.store.close()
+            raise
         if self.config.zookeeper.enabled:
             log.warning("zk.zkEnable=true but ZooKeeper is not supported yet: running standalone")
 
@@ -207,6 +215,7 @@ class Broker:
         for conn in list(dispatcher.connections):
             conn.abort()
         await server.wait_closed()
+        await self.transactions.aclose()
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         log.info("stopped: storage closed cleanly")
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: tuple[str, ...] = (
     "pymetaq.server.cmd_server",
     "pymetaq.server.cmd_stats",
+    "pymetaq.server.cmd_tx",
 )
 OPTIONAL_SUBCOMMANDS: tuple[str, ...] = (
     "pymetaq.client.cli",

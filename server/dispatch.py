@@ -6,9 +6,9 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 |--------------|------------------------------------------|------------------------------------------|
 | put          | 200 ``"<msgId> <partition> <offset>"``   | 403 acceptPublish=false; 500 unknown     |
 |              |                                          | topic, bad partition, checksum mismatch, |
-|              |                                          | write failure, transactional put (not    |
-|              |                                          | enabled yet); 400 + close: data over     |
-|              |                                          | maxTransferSize - 20 (codec limit)       |
+|              |                                          | write failure; 400 + close: data over    |
+|              |                                          | maxTransferSize - 20 (codec limit); with |
+|              |                                          | a tx key: :mod:`.transaction.handler`    |
 | bput         | 200 ``"<firstId> <partition> <offset>    | as put; 400 malformed records (framing,  |
 |              | <count>"`` (count = records stored)      | a record CRC, a record's data over       |
 |              |                                          | maxTransferSize - 20: nothing stored) or |
@@ -19,7 +19,7 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 | offset       | 200 ``<nearest segment start>``          | 404 no such store                        |
 | stats        | 200 ``STATS\\r\\n...END\\r\\n``          |                                          |
 | version      | 200 version string (also the heartbeat)  |                                          |
-| transaction  | -                                        | 500 not enabled (END: no reply, as MetaQ)|
+| transaction  | :mod:`pymetaq.server.transaction.handler` (also ``txadmin``, ``stats transactions``) |
 | sync         | -                                        | 500 not a slave                          |
 
 The ``bput`` count token is checked only against the body length: the records themselves are
@@ -54,7 +54,7 @@ from pymetaq.client.protocol import (
     StatsCommand,
     SyncCommand,
     TransactionCommand,
-    TransactionType,
+    TxAdminCommand,
     VersionCommand,
 )
 from pymetaq.server.connection import Connection
@@ -71,7 +71,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pymetaq.server")
 
 LONG_MAX = (1 << 63) - 1
-TX_DISABLED = b"transactions are not enabled on this broker yet"
 SYNC_DISABLED = b"sync is only accepted by a slave broker; this broker is not a slave"
 
 
@@ -93,6 +92,7 @@ class Dispatcher:
         self.appender = Appender(loop, self.stats, system.max_put_size)
         self._logs: dict[tuple[str, int], Any] = {}
         self.longpoll = LongPoll(self)
+        self.tx = broker.transactions.attach(loop, self.stats, system.max_put_size)
         self._table: dict[type, Callable[[Connection, Any], None]] = {
             PutCommand: self.on_put,
             BatchPutCommand: self.on_bput,
@@ -100,7 +100,8 @@ class Dispatcher:
             OffsetCommand: self.on_offset,
             StatsCommand: self.on_stats,
             VersionCommand: self.on_version,
-            TransactionCommand: self.on_transaction,
+            TransactionCommand: self.tx.on_transaction,
+            TxAdminCommand: self.tx.on_admin,
             SyncCommand: self.on_sync,
         }
 
@@ -116,6 +117,7 @@ class Dispatcher:
         self.connections.discard(conn)
         self.stats.curr_connections = len(self.connections)
         self.longpoll.drop_connection(conn)
+        self.tx.connection_closed(conn)
 
     def protocol_error(self, conn: Connection, exc: ProtocolError) -> None:
         log.info("bad request from %s: %s%s", conn.peer, exc.reason, " (closing)" * exc.fatal)
@@ -191,8 +193,8 @@ class Dispatcher:
 
     def on_put(self, conn: Connection, cmd: PutCommand) -> None:
         self.stats.counters["cmd_put"] += 1
-        if cmd.tx_key is not None:
-            self._put_failed(conn, cmd.opaque, TX_DISABLED.decode())
+        if cmd.tx_key is not None and cmd.tx_key != "null":
+            self.tx.on_put(conn, cmd, self._put_target)
             return
         crc = checksum(cmd.data)
         if cmd.checksum is not None and cmd.checksum != crc:
@@ -299,6 +301,10 @@ class Dispatcher:
 
     # -- the rest -------------------------------------------------------------------------------
     def on_stats(self, conn: Connection, cmd: StatsCommand) -> None:
+        if cmd.item.strip() == "transactions":
+            lines = "".join(line + "\r\n" for line in self.tx.stats_lines())
+            conn.result(200, f"STATS\r\n{lines}END\r\n".encode(), cmd.opaque)
+            return
         infos = [
             PartitionInfo(
                 p.topic, p.partition, p.min_offset, p.max_offset, p.message_count, p.message_bytes
@@ -310,11 +316,6 @@ class Dispatcher:
 
     def on_version(self, conn: Connection, cmd: VersionCommand) -> None:
         conn.result(200, VERSION.encode(), cmd.opaque)
-
-    def on_transaction(self, conn: Connection, cmd: TransactionCommand) -> None:
-        if cmd.type is TransactionType.END:
-            return  # MetaQ never answers END
-        conn.result(500, TX_DISABLED, cmd.opaque)
 
     def on_sync(self, conn: Connection, cmd: SyncCommand) -> None:
         conn.result(500, SYNC_DISABLED, cmd.opaque)

@@ -103,7 +103,9 @@ def test_every_metaq_key_is_accepted(tmp_path: Path) -> None:
     assert (t.num_partitions, t.unflush_threshold, t.accept_publish) == (3, 5, False)
     assert t.data_path == str(tmp_path / "t")
     assert t.group_filters == (("g1", "com.example.Filter"),)
-    assert len(metaq) + 4 == len(SYSTEM_KEYS) and len(zk) == len(ZK_KEYS)
+    assert cfg.system.data_log_path == str(tmp_path / "l")
+    pymetaq_keys = 7  # maxConnections idleTimeoutMs maxLineLength maxBatchSize + 3 tx limits
+    assert len(metaq) + pymetaq_keys == len(SYSTEM_KEYS) and len(zk) == len(ZK_KEYS)
 
 
 def test_topic_keys_inherit_system_and_patterns_match_after_exact_names(tmp_path: Path) -> None:
