@@ -18,6 +18,7 @@ by RECOVER and the test, as their coordinator, commits or rolls them back.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -178,7 +179,7 @@ def _contiguous(tx: Tx, where: dict[int, tuple[int, int, int]]) -> None:
     for p in (0, 1):
         spots = [where[m[2]] for m in tx.msgs if m[0] == p]
         assert all(s[0] == p for s in spots)
-        for a, b in zip(spots, spots[1:]):
+        for a, b in itertools.pairwise(spots):
             assert b[1] == a[1] + a[2], f"{tx.key}: partition {p} is not one contiguous range"
 
 

@@ -16,6 +16,7 @@ before the partition's fsync: the journal's COMMIT record then carries the trans
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +88,7 @@ def _contiguous(t: T, where: dict[int, tuple[int, int, int]]) -> None:
     for p, ids in by_part.items():
         spots = [where[i] for i in ids]
         assert all(s[0] == p for s in spots)
-        for a, b in zip(spots, spots[1:]):
+        for a, b in itertools.pairwise(spots):
             assert b[1] == a[1] + a[2], f"{t.key}: partition {p} range is not contiguous/in order"
 
 
