@@ -12,7 +12,13 @@ it in memory.  The commit protocol (:meth:`TxStore.commit`):
 2. append each partition's buffer with one ``PartitionLog.append`` (one contiguous write: a
    consumer never sees half a transaction in a partition) and wait until storage calls it
    durable under the topic's policy;
-3. journal an APPLIED record with the offsets, then report success (the broker acknowledges).
+3. journal an APPLIED record with the offsets.
+
+Success is reported (the broker acknowledges the COMMIT) with ``flushTxLogAtCommit=1`` as soon
+as step 1's fsync is done and every append is written: the COMMIT record and the PUT records
+before it are on disk, so replay re-appends whatever a power loss takes from the partitions
+(consumers still see the messages only after the partitions' fsync).  With 0 or 2 the journal
+is not fsynced at commit, so success waits for step 2's durability (MetaQ's behaviour).
 
 Journaling the decision *before* the append (MetaQ journals it after) closes a window MetaQ
 has: with the append durable and the commit record lost, a prepared XA branch would come back
@@ -140,7 +146,7 @@ class CheckpointJob:
 class _Commit:
     """The in-flight state of one commit (owner thread)."""
 
-    __slots__ = ("done", "error", "outstanding", "plan", "tx")
+    __slots__ = ("acked", "done", "error", "outstanding", "plan", "tx", "written")
 
     def __init__(
         self, tx: HeldTx, plan: list[tuple[PartKey, Any, bytearray]], done: CommitDone
@@ -148,6 +154,14 @@ class _Commit:
         self.tx, self.plan, self.done = tx, plan, done
         self.outstanding = 0
         self.error: BaseException | None = None
+        self.written: dict[PartKey, int] = {}  # handed to storage: offset of the range
+        self.acked = False  # ``done`` was told of success
+
+    def result(self, offsets: dict[PartKey, int]) -> CommitResult:
+        parts = self.tx.parts
+        return CommitResult(
+            tuple((t, p, offsets[(t, p)], len(parts[(t, p)])) for (t, p), _, _ in self.plan)
+        )
 
 
 class TxStore:
@@ -310,7 +324,7 @@ class TxStore:
         self._append_parts(c)
 
     def _append_parts(self, c: _Commit) -> None:
-        todo = [p for p in c.plan if p[0] not in c.tx.applied]
+        todo = [p for p in c.plan if p[0] not in c.written]
         for i, (key, plog, buf) in enumerate(todo):
             if i == 1:
                 crashpoint.reached("commit-mid-append")
@@ -320,12 +334,18 @@ class TxStore:
 
             c.outstanding += 1
             try:
-                plog.append(buf, stamp_ids=False, on_durable=durable)
+                c.written[key] = plog.append(buf, stamp_ids=False, on_durable=durable).offset
             except StorageError as exc:
                 c.outstanding -= 1
                 c.error = exc
                 log.error("commit of %s: append to %s failed: %s", c.tx.key, plog.name, exc)
                 break
+        if self.config.flush_at_commit == 1 and len(c.written) == len(c.plan) and not c.acked:
+            # the COMMIT record and every PUT before it are fsynced: the transaction is durable
+            # (replay re-appends whatever a power loss takes from the partitions), so the
+            # client need not wait for the partitions' fsyncs as well
+            c.acked = True
+            c.done(c.result(c.written), None)
         self._maybe_done(c)
 
     def _part_durable(
@@ -345,8 +365,10 @@ class TxStore:
         if len(tx.applied) < len(c.plan):
             first_failure = tx.tid not in self._pending
             self._pending[tx.tid] = c
-            if first_failure:  # the same ``done`` hears of the success after a retry
+            if first_failure and not c.acked:  # the same ``done`` hears of a later success
                 c.done(None, c.error or StorageError("append failed"))
+            elif c.acked:
+                log.error("committed %s waits for its partitions: %s", tx.key, c.error)
             return
         crashpoint.reached("commit-appended")
         offsets = tuple((t, p, tx.applied[(t, p)]) for (t, p), _, _ in c.plan)
@@ -356,10 +378,12 @@ class TxStore:
             log.warning("APPLIED record of %s not journaled: %s", tx.key, exc)
         for _, plog, _ in c.plan:
             self._touched[id(plog)] = plog
-        counts = {k: len(recs) for k, recs in tx.parts.items()}
+        result = c.result(tx.applied)
         self._pending.pop(tx.tid, None)
         self._finish(tx)
-        c.done(CommitResult(tuple((t, p, off, counts[(t, p)]) for t, p, off in offsets)), None)
+        if not c.acked:
+            c.acked = True
+            c.done(result, None)
 
     def retry_pending(self) -> int:
         """Retry the appends of commits that could not finish (a full disk, say); returns how

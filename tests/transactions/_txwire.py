@@ -130,6 +130,19 @@ def read_log(address: tuple[str, int], topic: str, partition: int) -> list[Recor
             offset = recs[-1].offset + recs[-1].size
 
 
+def log_when(address: tuple[str, int], topic: str, partition: int, count: int) -> list[Record]:
+    """The partition's records once it holds at least ``count``: committed messages become
+    readable after the partition's fsync, which may complete just after the COMMIT's ack."""
+    box: list[list[Record]] = []
+
+    def enough() -> bool:
+        box[:] = [read_log(address, topic, partition)]
+        return len(box[0]) >= count
+
+    wait_for(enough, what=f"{count} records in {topic}-{partition}")
+    return box[0]
+
+
 def wait_for(predicate: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests._broker import BrokerProcess
-from tests.transactions._txwire import Wire, ok, put_ok, read_log, tx_line
+from tests.transactions._txwire import Wire, log_when, ok, put_ok, read_log, tx_line
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_list_commit_forget(broker: BrokerProcess) -> None:
         f"{key}: committed heuristically\n",
         "",
     )
-    assert [r.data for r in read_log(broker.address, "orders", 0)] == [b"order-created"]
+    assert [r.data for r in log_when(broker.address, "orders", 0, 1)] == [b"order-created"]
     assert tx(broker, "list").stdout.splitlines()[1].split()[:2] == [key, "HEURISTIC_COMMIT"]
     assert tx(broker, "forget", key).stdout == f"{key}: forgotten\n"
     assert tx(broker, "list").stdout == "no open transactions\n"

@@ -17,6 +17,7 @@ from pymetaq.storage.checksum import checksum
 from tests._broker import BrokerProcess
 from tests.transactions._txwire import (
     Wire,
+    log_when,
     ok,
     put_ok,
     read_log,
@@ -76,6 +77,12 @@ def test_local_begin_put_commit_replies_exactly(broker: BrokerProcess, w: Wire) 
     ids = [put_ok(w, "tx", p, b"m%d" % i, key, 10 + i) for i, p in enumerate([0, 1, 0])]
     assert len(set(ids)) == 3 and all(i > 0 for i in ids)
     w.exact(tx_line(key, sid, "COMMIT_ONE_PHASE", 2), result(200, b"", 2))
+    wait_for(
+        lambda: (
+            len([r for p in (0, 1) for r in read_log(broker.address, "tx", p) if r.msg_id in ids])
+            == 3
+        )
+    )
     p0 = [r for r in read_log(broker.address, "tx", 0) if r.msg_id in ids]
     p1 = [r for r in read_log(broker.address, "tx", 1) if r.msg_id in ids]
     assert [(r.msg_id, r.data) for r in p0] == [(ids[0], b"m0"), (ids[2], b"m2")]
@@ -108,7 +115,7 @@ def test_a_transaction_is_one_contiguous_range_among_plain_puts(
             r = plain.call(b"put tx-order 0 5 0 -1 %d\r\nplain" % (100 + i))
             assert r.code == 200, r
     ok(w, tx_line(key, sid, "COMMIT_ONE_PHASE", 2), 2)
-    datas = [r.data for r in read_log(broker.address, "tx-order", 0)]
+    datas = [r.data for r in log_when(broker.address, "tx-order", 0, 12)]
     first = datas.index(b"tx0")
     assert datas[first : first + 6] == [b"tx%d" % i for i in range(6)]
     assert datas.count(b"tx0") == 1 and len(datas) == 12
@@ -203,7 +210,7 @@ def test_xa_two_phase_round_trip(broker: BrokerProcess, w: Wire) -> None:
     assert read_log(broker.address, "tx-xa", 0) == []
     with Wire(broker.address) as coordinator:  # any connection may finish an XA branch
         coordinator.exact(tx_line(x, "s2", "COMMIT_TWO_PHASE", "q-rt", 5), result(200, b"", 5))
-    assert [r.msg_id for r in read_log(broker.address, "tx-xa", 0)] == ids
+    assert [r.msg_id for r in log_when(broker.address, "tx-xa", 0, 3)] == ids
     body = f"XAException:code=-4,msg=XA transaction '{x}' has not been started.".encode()
     w.exact(tx_line(x, "s", "COMMIT_TWO_PHASE", "q-rt", 6), result(500, body, 6))
 
@@ -315,7 +322,7 @@ def test_heuristic_commit_then_coordinator_gets_heurcom_then_forget(
 ) -> None:
     x = prepared(w, "tx-heur", b"decided")
     w.exact(b"txadmin commit %s 10\r\n" % x.encode(), result(200, b"", 10))
-    assert [r.data for r in read_log(broker.address, "tx-heur", 0)] == [b"decided"]
+    assert [r.data for r in log_when(broker.address, "tx-heur", 0, 1)] == [b"decided"]
     heurcom = (
         f"XAException:code=7,msg=XA transaction '{x}' has been heuristically committed.".encode()
     )

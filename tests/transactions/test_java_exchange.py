@@ -27,7 +27,7 @@ import pytest
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import Record
 from tests._broker import BrokerProcess
-from tests.transactions._txwire import Wire, read_log, result
+from tests.transactions._txwire import Wire, log_when, read_log, result
 
 SID = "192.168.1.10-1386000000000-1"
 Q = "XAMessageProducer-host1"
@@ -64,8 +64,11 @@ def attribute_data(attribute: str, payload: bytes) -> bytes:
     return struct.pack(">i", len(raw)) + raw + payload  # MessageUtils with an attribute, flag 1
 
 
-def stored(address: tuple[str, int], topic: str) -> list[tuple[int, int, bytes]]:
-    records: list[Record] = read_log(address, topic, 0)
+def stored(address: tuple[str, int], topic: str, count: int = 0) -> list[tuple[int, int, bytes]]:
+    """(msg id, flag, data) of the topic's records, once there are at least ``count``."""
+    records: list[Record] = (
+        log_when(address, topic, 0, count) if count else read_log(address, topic, 0)
+    )
     return [(r.msg_id, r.flag, r.data) for r in records]
 
 
@@ -78,7 +81,7 @@ def test_local_transaction_commit(broker: BrokerProcess) -> None:
         b = send_put(w, "java-0", with_attr, key, 3, flag=1)
         assert stored(broker.address, "java-0") == []
         w.exact(f"transaction {key} {SID} COMMIT_ONE_PHASE 4\r\n".encode(), result(200, b"", 4))
-    assert stored(broker.address, "java-0") == [(a, 0, b"order-1"), (b, 1, with_attr)]
+    assert stored(broker.address, "java-0", 2) == [(a, 0, b"order-1"), (b, 1, with_attr)]
 
 
 def test_local_transaction_with_timeout_rolled_back(broker: BrokerProcess) -> None:
@@ -102,7 +105,7 @@ def test_xa_branch_two_phase(broker: BrokerProcess) -> None:
         w.exact(
             f"transaction {xid} {SID} COMMIT_TWO_PHASE {Q} 13\r\n".encode(), result(200, b"", 13)
         )
-    assert stored(broker.address, "java-2") == [(a, 0, b"xa-1"), (b, 0, b"xa-2")]
+    assert stored(broker.address, "java-2", 2) == [(a, 0, b"xa-1"), (b, 0, b"xa-2")]
 
 
 def test_xa_recovery_by_another_session(broker: BrokerProcess) -> None:
@@ -119,7 +122,7 @@ def test_xa_recovery_by_another_session(broker: BrokerProcess) -> None:
             f"transaction {xid} {sid2} COMMIT_TWO_PHASE {Q} 2\r\n".encode(), result(200, b"", 2)
         )
         w.exact(f"transaction null {sid2} RECOVER {Q} 3\r\n".encode(), result(200, b"", 3))
-    assert stored(broker.address, "java-3") == [(a, 0, b"in-doubt")]
+    assert stored(broker.address, "java-3", 1) == [(a, 0, b"in-doubt")]
 
 
 def test_xa_one_phase_rollback_readonly_forget(broker: BrokerProcess) -> None:
@@ -139,7 +142,7 @@ def test_xa_one_phase_rollback_readonly_forget(broker: BrokerProcess) -> None:
         w.send(f"transaction {ro} {SID} END {Q} 29\r\n".encode())
         w.exact(f"transaction {ro} {SID} PREPARE {Q} 30\r\n".encode(), result(200, b"3", 30))
         w.exact(f"transaction {ro} {SID} FORGET {Q} 31\r\n".encode(), result(200, b"", 31))
-    assert stored(broker.address, "java-4") == [(a, 0, b"one-phase")]
+    assert stored(broker.address, "java-4", 1) == [(a, 0, b"one-phase")]
 
 
 def test_xa_errors_parse_as_the_java_client_expects(broker: BrokerProcess) -> None:

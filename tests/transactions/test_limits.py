@@ -17,7 +17,7 @@ from pymetaq.client.protocol import ResultReply
 from pymetaq.server.stats import VERSION
 from pymetaq.server.transaction.handler import _loopback
 from tests._broker import BrokerProcess
-from tests.transactions._txwire import Wire, ok, put_ok, read_log, result, tx_line, tx_put, wait_for
+from tests.transactions._txwire import Wire, log_when, ok, put_ok, result, tx_line, tx_put, wait_for
 
 SYSTEM = {
     "idleTimeoutMs": 0,
@@ -89,7 +89,7 @@ def test_held_bytes_are_bounded(broker: BrokerProcess) -> None:
             20,
         )
         ok(w, tx_line(k, "s", "COMMIT_ONE_PHASE", 21), 21)  # the accepted three commit
-        assert [len(rec.data) for rec in read_log(broker.address, "lim", 0)] == [1000] * 3
+        assert [len(rec.data) for rec in log_when(broker.address, "lim", 0, 3)] == [1000] * 3
         k2 = key()
         ok(w, tx_line(k2, "s", "BEGIN", 22), 22)
         put_ok(w, "lim", 0, b"y" * 1200, k2, 23)  # space was freed by the commit
@@ -119,7 +119,7 @@ def test_an_expired_transaction_is_rolled_back_and_a_late_commit_fails(
             tx_line(xa, "s", "COMMIT_ONE_PHASE", "lim", 10), result(500, xa_expired.encode(), 10)
         )
         ok(w, tx_line(prepared, "s", "COMMIT_TWO_PHASE", "lim", 11), 11)
-        assert [r.data for r in read_log(broker.address, "expire", 0)] == [b"prepared"]
+        assert [r.data for r in log_when(broker.address, "expire", 0, 1)] == [b"prepared"]
 
 
 def test_a_begin_without_timeout_gets_the_cap(broker: BrokerProcess) -> None:

@@ -13,9 +13,10 @@ from tests.transactions._store import Env, abandon, close, open_env, read_record
 
 
 def commit(env: Env, tx: object) -> tuple[CommitResult | None, BaseException | None]:
+    """Commit and wait until the outcome is final (acknowledged, then durable in the logs)."""
     out: list[tuple[CommitResult | None, BaseException | None]] = []
     env.store.commit(tx, lambda r, e: out.append((r, e)))  # type: ignore[arg-type]
-    env.drain(lambda: out)
+    env.drain(lambda: out and (out[0][1] is not None or tx.state is HeldState.DONE))  # type: ignore[attr-defined]
     return out[0]
 
 
@@ -189,3 +190,18 @@ def test_a_commit_whose_append_fails_is_pending_and_finished_at_restart(tmp_path
     assert env.recovery.committed["appended"] == 1
     assert [r.data for r in read_records(env.log("t", 0))] == [b"later"]
     close(env)
+
+
+def test_ack_timing_follows_flush_tx_log_at_commit(tmp_path: Path) -> None:
+    """1: acknowledged once the COMMIT record is fsynced and the appends are written (the
+    journal can redo them); 0: only once the partition appends are durable (MetaQ)."""
+    for flush in (1, 0):
+        env = open_env(str(tmp_path / str(flush)), flush=flush)
+        tx = env.store.begin("TX:s:1", False)
+        env.store.add(tx, "t", 0, env.record(b"m"))
+        states: list[HeldState] = []
+        env.store.commit(tx, lambda r, e, tx=tx: states.append(tx.state))
+        env.drain(lambda: states and tx.state is HeldState.DONE)
+        assert states[0] is (HeldState.COMMITTING if flush == 1 else HeldState.DONE)
+        assert [r.data for r in read_records(env.log("t", 0))] == [b"m"]
+        close(env)
