@@ -100,10 +100,14 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] * 1000
 
 
-async def run_case(port: int, k: int, clients: int, seconds: float, payload: bytes) -> dict[str, float]:
+async def run_case(
+    port: int, k: int, clients: int, seconds: float, payload: bytes
+) -> dict[str, float]:
     out: dict[str, list[float]] = {"commit": [], "tx": [], "msgs": []}
     start = time.perf_counter()
-    await asyncio.gather(*(client(port, n, k, payload, start + seconds, out) for n in range(clients)))
+    await asyncio.gather(
+        *(client(port, n, k, payload, start + seconds, out) for n in range(clients))
+    )
     wall = time.perf_counter() - start
     return {
         "msgs_per_s": sum(out["msgs"]) / wall,
@@ -145,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="per case (default %(default)s)")
     ap.add_argument("--clients", type=int, default=10, help="connections (default %(default)s)")
-    ap.add_argument("--msg-bytes", type=int, default=4096, help="payload size (default %(default)s)")
-    ap.add_argument("--flush-tx-log", type=int, choices=(0, 1, 2), default=1, help="flushTxLogAtCommit")
+    ap.add_argument(
+        "--msg-bytes", type=int, default=4096, help="payload size (default %(default)s)"
+    )
+    ap.add_argument(
+        "--flush-tx-log", type=int, choices=(0, 1, 2), default=1, help="flushTxLogAtCommit"
+    )
     ap.add_argument("--json", action="store_true", help="JSON lines on stdout, table on stderr")
     args = ap.parse_args(argv)
     payload = filler(args.msg_bytes)
@@ -172,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
     table = sys.stderr if args.json else sys.stdout
-    print(f"{'case':<10} {'msgs/s':>9} {'commit p50':>11} {'commit p99':>11} {'tx p50':>8} {'tx p99':>8}", file=table)
+    print(
+        f"{'case':<10} {'msgs/s':>9} {'commit p50':>11} {'commit p99':>11} {'tx p50':>8} {'tx p99':>8}",
+        file=table,
+    )
     for r in rows:
         print(
             f"{r['case']:<10} {r['msgs_per_s']:>9.0f} {r['commit_p50_ms']:>9.2f}ms "

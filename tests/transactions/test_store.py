@@ -197,11 +197,15 @@ def test_ack_timing_follows_flush_tx_log_at_commit(tmp_path: Path) -> None:
     journal can redo them); 0: only once the partition appends are durable (MetaQ)."""
     for flush in (1, 0):
         env = open_env(str(tmp_path / str(flush)), flush=flush)
-        tx = env.store.begin("TX:s:1", False)
-        env.store.add(tx, "t", 0, env.record(b"m"))
-        states: list[HeldState] = []
-        env.store.commit(tx, lambda r, e, tx=tx: states.append(tx.state))
-        env.drain(lambda: states and tx.state is HeldState.DONE)
-        assert states[0] is (HeldState.COMMITTING if flush == 1 else HeldState.DONE)
+        assert _state_at_ack(env) is (HeldState.COMMITTING if flush == 1 else HeldState.DONE)
         assert [r.data for r in read_records(env.log("t", 0))] == [b"m"]
         close(env)
+
+
+def _state_at_ack(env: Env) -> HeldState:
+    tx = env.store.begin("TX:s:1", False)
+    env.store.add(tx, "t", 0, env.record(b"m"))
+    states: list[HeldState] = []
+    env.store.commit(tx, lambda r, e: states.append(tx.state))
+    env.drain(lambda: states and tx.state is HeldState.DONE)
+    return states[0]
