@@ -168,7 +168,7 @@ class TxHandler:
             lines.append(
                 f"{tx.key} state {state} xa {str(tx.xa).lower()} messages {tx.held.count} "
                 f"bytes {tx.held.nbytes} age_ms {int((now - tx.created) * 1000)} "
-                f"timeout_s {tx.timeout_s} partitions {parts}"
+                f"timeout_s {tx.timeout_s if tx.timer is not None else 0} partitions {parts}"
             )
         wall_ms = int(time.time() * 1000)
         for key, h in self.manager.store.heuristics.items():
