@@ -407,6 +407,7 @@ class TransactionManager:
         while len(self._expired) > EXPIRED_MEMORY:
             self._expired.popitem(last=False)
         self._rollback(tx, _ignore)
+        self._detach(tx)  # from now on the key answers with the timeout message
 
     def connection_closed(self, owner: Any) -> None:
         """Roll back the local transactions of a closed connection."""
@@ -424,12 +425,16 @@ class TransactionManager:
         tx.state = TxState.FINISHED
         tx.busy = None
         self._cancel_timeout(tx)
+        self._detach(tx)
+
+    def _detach(self, tx: Tx) -> None:
+        """Take ``tx`` out of its table (once): it no longer counts or answers by its key."""
         table = self._xa if tx.xa else self._local.get(tx.owner)
         if table is not None and table.get(tx.key) is tx:
             del table[tx.key]
             if not tx.xa and not table:
                 self._local.pop(tx.owner, None)
-        self.open_count -= 1
+            self.open_count -= 1
 
     def transactions(self) -> list[Tx]:
         """Every open transaction (XA first), for stats and the CLI."""

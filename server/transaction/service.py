@@ -81,7 +81,10 @@ class TransactionService:
         self.handler = TxHandler(self.manager, stats, s.max_put_size)
 
         def post(fn: Callable[[], None]) -> None:
-            loop.call_soon_threadsafe(fn)
+            try:
+                loop.call_soon_threadsafe(fn)
+            except RuntimeError:  # the loop is closed (shutdown): nobody is waiting any more
+                pass
 
         self.store.journal.on_roll = lambda: post(self.checkpoint)
         self.store.start(post)

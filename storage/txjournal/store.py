@@ -424,12 +424,16 @@ class TxStore:
         if self.checkpoint_running or self.journal.failed:
             return None
         current = self.journal.end().file
-        for tx in list(self._live.values()):
-            if tx.first is not None and tx.first.file < current:
-                self._relog(tx)
-        for key, h in self.heuristics.items():
-            if h.pos.file < current:
-                h.pos = self._write(encode(Heuristic(h.outcome, h.time_ms, key)))[0]
+        try:
+            for tx in list(self._live.values()):
+                if tx.first is not None and tx.first.file < current:
+                    self._relog(tx)
+            for key, h in self.heuristics.items():
+                if h.pos.file < current:
+                    h.pos = self._write(encode(Heuristic(h.outcome, h.time_ms, key)))[0]
+        except JournalError as exc:  # nothing is deleted: the next checkpoint tries again
+            log.error("transaction checkpoint skipped: %s", exc)
+            return None
         firsts = [tx.first for tx in self._live.values() if tx.first is not None]
         firsts += [h.pos for h in self.heuristics.values()]
         position = min([*firsts, self.journal.end()])
