@@ -354,7 +354,8 @@ class TransactionManager:
         return keys
 
     def heuristic(self, key: str, outcome: Outcome, reply: Reply) -> None:
-        """An operator's decision on a PREPARED branch: carry it out, then journal it."""
+        """An operator's decision on a PREPARED branch: journal it (fsynced), then carry it
+        out; a crash in between makes recovery carry it out."""
         key, xid, _ = canonical_key(key)
         if xid is None:
             raise XAError(XAER_NOTA, f"{key} is not an XA transaction key")
@@ -366,19 +367,24 @@ class TransactionManager:
                 f"can be decided heuristically",
             )
 
-        def record(code: int, body: bytes) -> None:
-            if code != 200:
-                reply(code, body)
+        def decided(exc: BaseException | None) -> None:
+            tx.busy = None
+            if exc is not None:
+                reply(500, XAError(XAER_RMFAIL, f"decision not durable: {exc}").body())
                 return
             try:
-                self.store.heuristic(key, outcome, lambda exc: _answer(reply, exc, "heuristic"))
-            except JournalError as exc:
-                reply(500, XAError(XAER_RMFAIL, f"decision not journaled: {exc}").body())
+                if outcome is Outcome.COMMIT:
+                    self._commit(tx, reply)
+                else:
+                    self._rollback(tx, reply)
+            except TxError as err:
+                reply(500, err.body())
 
-        if outcome is Outcome.COMMIT:
-            self._commit(tx, record)
-        else:
-            self._rollback(tx, record)
+        try:
+            self.store.heuristic(key, outcome, decided)
+        except JournalError as exc:
+            raise XAError(XAER_RMFAIL, f"decision not journaled: {exc}") from exc
+        tx.busy = "heuristic"
 
     # -- timeouts, disconnects, bookkeeping ------------------------------------------------------
     def _arm_timeout(self, tx: Tx, requested: int) -> None:

@@ -189,7 +189,7 @@ def ensure_applied(
             < plog.min_offset
         ):
             return Applied1(lower_bound, How.EXPIRED)
-        return Applied1(_append(plog, records), How.APPENDED)
+        return Applied1(append_records(plog, records), How.APPENDED)
     k = _match_at(plog, pos, records)
     if k == len(records):
         return Applied1(pos, How.PRESENT)
@@ -204,11 +204,12 @@ def ensure_applied(
             pos,
             len(records) - k,
         )
-    _append(plog, records[k:])
+    append_records(plog, records[k:])
     return Applied1(pos, How.COMPLETED, k)
 
 
-def _append(plog: Any, records: list[bytes]) -> int:
+def append_records(plog: Any, records: list[bytes]) -> int:
+    """Append ``records`` (ids already stamped) as one write and fsync; returns the offset."""
     result = plog.append_sync(bytearray().join(records), stamp_ids=False, timeout=60.0)
     plog.sync()
     offset: int = result.offset

@@ -7,8 +7,9 @@ Sequence (:func:`recover`, called by :meth:`TxStore.open`):
 2. every transaction with a COMMIT record, in the order of those records: each partition's
    range is made present exactly once (:func:`~.rebuild.ensure_applied`), then an APPLIED
    record is journaled;
-3. every other transaction: a prepared XA branch is restored as PREPARED (held again, for its
-   coordinator to finish); anything else is rolled back (a ROLLBACK record);
+3. every other transaction: a prepared XA branch with an operator's (heuristic) decision
+   journaled gets it carried out now; any other prepared XA branch is restored as PREPARED
+   (held again, for its coordinator to finish); anything else is rolled back;
 4. open heuristic decisions are restored; the journal is fsynced; a checkpoint is taken (which
    relogs what is still live and deletes older journal files).
 
@@ -24,13 +25,19 @@ from __future__ import annotations
 import logging
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pymetaq.storage.errors import StorageError
 from pymetaq.storage.record import MSG_ID
-from pymetaq.storage.txjournal.format import Applied, Rollback, encode
+from pymetaq.storage.txjournal.format import Applied, Commit, Outcome, PartIntent, Rollback, encode
 from pymetaq.storage.txjournal.journal import JournalCorrupt, ReplayReport
-from pymetaq.storage.txjournal.rebuild import How, Rebuild, Recovered, ensure_applied
+from pymetaq.storage.txjournal.rebuild import (
+    How,
+    Rebuild,
+    Recovered,
+    append_records,
+    ensure_applied,
+)
 
 if TYPE_CHECKING:
     from pymetaq.storage.txjournal.store import HeldTx, TxStore
@@ -53,6 +60,7 @@ class TxRecovery:
     rolled_back: int = 0
     prepared: list[HeldTx] = field(default_factory=list)
     heuristics: int = 0
+    heuristics_completed: int = 0
     orphan_records: int = 0
 
     @property
@@ -67,6 +75,7 @@ class TxRecovery:
             f" cut, {len(r.files_dropped)} file(s) dropped; committed partition ranges"
             f" {self.committed}; rolled back {self.rolled_back}; prepared XA branches restored"
             f" {len(self.prepared)}; heuristic decisions {self.heuristics}"
+            f" ({self.heuristics_completed} carried out now)"
         )
 
 
@@ -86,7 +95,14 @@ def recover(store: TxStore) -> TxRecovery:
     for rtx in rb.txs.values():
         if rtx.intent is not None:
             continue
-        if rtx.prepared and rtx.xa:
+        decision = rb.heuristics.get(rtx.key) if rtx.prepared and rtx.xa else None
+        if decision is not None and decision[0].outcome is Outcome.COMMIT:
+            _commit_now(store, rtx)  # an operator's commit that a crash interrupted
+            out.heuristics_completed += 1
+        elif decision is not None:
+            store.journal.append(encode(Rollback(rtx.tid)))
+            out.heuristics_completed += 1
+        elif rtx.prepared and rtx.xa:
             tx = HeldTx(rtx.tid, rtx.key, True)
             tx.parts, tx.first, tx.state = rtx.parts, rtx.first, HeldState.PREPARED
             for recs in rtx.parts.values():
@@ -113,6 +129,39 @@ def recover(store: TxStore) -> TxRecovery:
     return out
 
 
+def _commit_now(store: TxStore, rtx: Recovered) -> None:
+    """Commit a prepared branch during recovery: decide (journal + fsync), append, APPLIED."""
+    plan = []
+    for (topic, partition), recs in rtx.parts.items():
+        plog = _resolve(store, rtx, topic, partition, len(recs))
+        buf = b"".join(recs)
+        plan.append(
+            (
+                plog,
+                recs,
+                PartIntent(
+                    topic, partition, plog.write_offset, len(recs), len(buf), zlib.crc32(buf)
+                ),
+            )
+        )
+    store.journal.append(encode(Commit(rtx.tid, True, tuple(p[2] for p in plan))))
+    store.journal.force()
+    offsets = [(i.topic, i.partition, append_records(plog, recs)) for plog, recs, i in plan]
+    store.journal.append(encode(Applied(rtx.tid, tuple(offsets))))
+    log.warning("carried out the heuristic commit of %s", rtx.key)
+
+
+def _resolve(store: TxStore, rtx: Recovered, topic: str, partition: int, count: int) -> Any:
+    try:
+        return store.resolve_log(topic, partition)
+    except StorageError as exc:
+        raise TxRecoveryError(
+            f"committed transaction {rtx.key} holds {count} message(s) for "
+            f"{topic}-{partition}, which this broker cannot store: {exc}. "
+            f"Configure the topic again (or move {store.config.directory} away) and restart."
+        ) from exc
+
+
 def _apply(store: TxStore, rtx: Recovered, out: TxRecovery) -> None:
     assert rtx.intent is not None
     offsets = []
@@ -125,14 +174,7 @@ def _apply(store: TxStore, rtx: Recovered, out: TxRecovery) -> None:
                 f"transaction {rtx.key}: the journal's messages for {part.topic}-{part.partition}"
                 f" do not match its COMMIT record ({len(recs)} of {part.count} records)"
             )
-        try:
-            plog = store.resolve_log(part.topic, part.partition)
-        except StorageError as exc:
-            raise TxRecoveryError(
-                f"committed transaction {rtx.key} holds {part.count} message(s) for "
-                f"{part.topic}-{part.partition}, which this broker cannot store: {exc}. "
-                f"Configure the topic again (or move {store.config.directory} away) and restart."
-            ) from exc
+        plog = _resolve(store, rtx, part.topic, part.partition, part.count)
         res = ensure_applied(plog, recs, part.lower_bound, rtx.applied.get(key))
         out.committed[res.how.value] += 1
         if res.how in (How.APPENDED, How.COMPLETED):

@@ -402,7 +402,8 @@ class TxStore:
 
     # -- heuristics ----------------------------------------------------------------------------
     def heuristic(self, key: str, outcome: Outcome, done: Done) -> None:
-        """Journal an operator's heuristic decision on ``key`` (after it was carried out)."""
+        """Journal an operator's heuristic decision on ``key`` (before it is carried out:
+        recovery carries out a decision whose branch is still prepared)."""
         now = int(time.time() * 1000)
         start, end = self._write(encode(Heuristic(outcome, now, key)))
         self.heuristics[key] = HeuristicEntry(outcome, now, start)

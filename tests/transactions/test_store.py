@@ -209,3 +209,23 @@ def _state_at_ack(env: Env) -> HeldState:
     env.store.commit(tx, lambda r, e: states.append(tx.state))
     env.drain(lambda: states and tx.state is HeldState.DONE)
     return states[0]
+
+
+def test_an_interrupted_heuristic_decision_is_carried_out_at_restart(tmp_path: Path) -> None:
+    env = open_env(str(tmp_path))
+    done: list[BaseException | None] = []
+    branches = {}
+    for name, outcome in (("aa", Outcome.COMMIT), ("bb", Outcome.ROLLBACK)):
+        tx = env.store.begin(f"XID:1:{name}:01:q", True)
+        env.store.add(tx, "t", 0, env.record(name.encode()))
+        env.store.prepare(tx, done.append)
+        env.drain(lambda n=len(done): len(done) > n)
+        env.store.heuristic(tx.key, outcome, done.append)  # the decision is journaled ...
+        env.drain(lambda n=len(done): len(done) > n)
+        branches[tx.key] = outcome
+    abandon(env)  # ... and the broker dies before carrying it out
+    env = open_env(str(tmp_path))
+    assert env.recovery.heuristics_completed == 2 and env.recovery.prepared == []
+    assert [r.data for r in read_records(env.log("t", 0))] == [b"aa"]
+    assert {k: h.outcome for k, h in env.store.heuristics.items()} == branches
+    close(env)
