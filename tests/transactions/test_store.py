@@ -219,10 +219,9 @@ def test_an_interrupted_heuristic_decision_is_carried_out_at_restart(tmp_path: P
         tx = env.store.begin(f"XID:1:{name}:01:q", True)
         env.store.add(tx, "t", 0, env.record(name.encode()))
         env.store.prepare(tx, done.append)
-        env.drain(lambda n=len(done): len(done) > n)
         env.store.heuristic(tx.key, outcome, done.append)  # the decision is journaled ...
-        env.drain(lambda n=len(done): len(done) > n)
         branches[tx.key] = outcome
+        env.drain(lambda: len(done) == 2 * len(branches))
     abandon(env)  # ... and the broker dies before carrying it out
     env = open_env(str(tmp_path))
     assert env.recovery.heuristics_completed == 2 and env.recovery.prepared == []
