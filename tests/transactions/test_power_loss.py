@@ -194,4 +194,4 @@ def test_power_loss_applies_every_acknowledged_commit_exactly_once(
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_power_loss_many_rounds(tmp_path: Path, seed: int, mode: str) -> None:
-    run(tmp_path, seed, mode, rounds=150)
+    run(tmp_path, seed, mode, rounds=80)
