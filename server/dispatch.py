@@ -6,13 +6,13 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 |--------------|------------------------------------------|------------------------------------------|
 | put          | 200 ``"<msgId> <partition> <offset>"``   | 403 acceptPublish=false; 500 unknown     |
 |              |                                          | topic, bad partition, checksum mismatch, |
-|              |                                          | write failure, transactional put (not    |
-|              |                                          | enabled yet), a pattern topic over       |
+|              |                                          | write failure, a pattern topic over      |
 |              |                                          | maxAutoCreatedPartitions, out of file    |
 |              |                                          | descriptors; 400: data over              |
 |              |                                          | maxTransferSize - 20 (codec limit, body  |
 |              |                                          | discarded), a flag the data does not     |
-|              |                                          | honour (``storage/flags.py``)            |
+|              |                                          | honour (``storage/flags.py``); with a tx |
+|              |                                          | key: :mod:`.transaction.handler`         |
 | bput         | 200 ``"<firstId> <partition> <offset>    | as put; 400 malformed records (framing,  |
 |              | <count>"`` (count = records stored)      | a record CRC or flag, a record's data    |
 |              |                                          | over maxTransferSize - 20: nothing       |
@@ -26,7 +26,7 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 | offset       | 200 ``<nearest segment start>``          | 404 no such store                        |
 | stats        | 200 ``STATS\\r\\n...END\\r\\n``          |                                          |
 | version      | 200 version string (also the heartbeat)  |                                          |
-| transaction  | -                                        | 500 not enabled (END: no reply, as MetaQ)|
+| transaction  | :mod:`pymetaq.server.transaction.handler` (also ``txadmin``, ``stats transactions``) |
 | sync         | -                                        | 500 not a slave                          |
 
 The ``bput`` count token is checked only against the body length: the records themselves are
@@ -69,7 +69,7 @@ from pymetaq.client.protocol import (
     StatsCommand,
     SyncCommand,
     TransactionCommand,
-    TransactionType,
+    TxAdminCommand,
     VersionCommand,
 )
 from pymetaq.client.protocol.names import topic_name_error
@@ -104,7 +104,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pymetaq.server")
 
 LONG_MAX = (1 << 63) - 1
-TX_DISABLED = b"transactions are not enabled on this broker yet"
 SYNC_DISABLED = b"sync is only accepted by a slave broker; this broker is not a slave"
 
 
@@ -138,6 +137,7 @@ class Dispatcher:
         self.throttled = Throttled(log)
         self.longpoll = LongPoll(self)
         self.partitions = Partitions(broker, self._store_created)
+        self.tx = broker.transactions.attach(loop, self.stats, system.max_put_size)
         self._table: dict[type, Handler] = dict(
             (
                 _route(PutCommand, self.on_put),
@@ -146,7 +146,8 @@ class Dispatcher:
                 _route(OffsetCommand, self.on_offset),
                 _route(StatsCommand, self.on_stats),
                 _route(VersionCommand, self.on_version),
-                _route(TransactionCommand, self.on_transaction),
+                _route(TransactionCommand, self.tx.on_transaction),
+                _route(TxAdminCommand, self.tx.on_admin),
                 _route(SyncCommand, self.on_sync),
             )
         )
@@ -192,6 +193,7 @@ class Dispatcher:
         self.stats.curr_connections = len(self.connections)
         self.body_budget.release(conn)
         self.longpoll.drop_connection(conn)
+        self.tx.connection_closed(conn)
 
     def protocol_error(self, conn: Connection, exc: ProtocolError) -> None:
         self.throttled.log(
@@ -303,8 +305,8 @@ class Dispatcher:
 
     def on_put(self, conn: Connection, cmd: PutCommand) -> None:
         self.stats.counters["cmd_put"] += 1
-        if cmd.tx_key is not None:
-            self._put_failed(conn, cmd.opaque, TX_DISABLED.decode())
+        if cmd.tx_key is not None and cmd.tx_key != "null":
+            self.tx.on_put(conn, cmd, self._put_target)
             return
         crc = checksum(cmd.data)
         if cmd.checksum is not None and cmd.checksum != crc:
@@ -458,6 +460,10 @@ class Dispatcher:
 
     # -- the rest -------------------------------------------------------------------------------
     def on_stats(self, conn: Connection, cmd: StatsCommand) -> None:
+        if cmd.item.strip() == "transactions":
+            lines = "".join(line + "\r\n" for line in self.tx.stats_lines())
+            conn.result(200, f"STATS\r\n{lines}END\r\n".encode(), cmd.opaque)
+            return
         infos = [
             PartitionInfo(
                 p.topic, p.partition, p.min_offset, p.max_offset, p.message_count, p.message_bytes
@@ -469,11 +475,6 @@ class Dispatcher:
 
     def on_version(self, conn: Connection, cmd: VersionCommand) -> None:
         conn.result(200, VERSION.encode(), cmd.opaque)
-
-    def on_transaction(self, conn: Connection, cmd: TransactionCommand) -> None:
-        if cmd.type is TransactionType.END:
-            return  # MetaQ never answers END
-        conn.result(500, TX_DISABLED, cmd.opaque)
 
     def on_sync(self, conn: Connection, cmd: SyncCommand) -> None:
         conn.result(500, SYNC_DISABLED, cmd.opaque)

@@ -14,6 +14,8 @@ Every body has MetaQ's shape: ``STATS\\r\\n`` + ``key value\\r\\n`` lines + ``EN
 | ``realtime``  | realtime_{put,get,offset,get_miss,put_failed,message_size} <stat>          |
 | ``<topic>``   | topic, resultCode (0 ok, 1 unknown, 2 configured but no data), partitions, |
 |               | message_count, bytes, topic_realtime_{put,get,offset,get_miss,...} <stat>  |
+| ``transactions`` | pymetaq: one line per open transaction (answered by the dispatcher from |
+|               | :mod:`pymetaq.server.transaction.handler`)                                 |
 | ``help``      | the item list                                                             |
 | ``reset``     | ``reset ok`` (counters and realtime stats back to zero)                    |
 
@@ -41,7 +43,17 @@ from pymetaq.server.config import BrokerConfig
 VERSION = "pymetaq-0.1.0 (MetaQ 1.4 protocol)"
 REALTIME_ITEMS = ("put", "get", "offset", "get_miss", "put_failed", "message_size")
 REALTIME_RESET_S = 30 * 60
-HELP_ITEMS = ("(empty)", "topics", "offsets", "realtime", "<topic>", "config", "reset", "help")
+HELP_ITEMS = (
+    "(empty)",
+    "topics",
+    "offsets",
+    "realtime",
+    "transactions",
+    "<topic>",
+    "config",
+    "reset",
+    "help",
+)
 COUNTERS = (
     "cmd_put",
     "cmd_get",

@@ -34,6 +34,8 @@ from pymetaq.client.protocol.model import (
     SyncCommand,
     TransactionCommand,
     TransactionType,
+    TxAdminCommand,
+    TxAdminOp,
     ValueReply,
     VersionCommand,
 )
@@ -196,6 +198,12 @@ def _transaction(cmd: TransactionCommand) -> tuple[bytes, Body]:
     return _line(*head), b""
 
 
+def _txadmin(cmd: TxAdminCommand) -> tuple[bytes, Body]:
+    if not isinstance(cmd.op, TxAdminOp):
+        raise LocalProtocolError(f"op must be a TxAdminOp, not {cmd.op!r}")
+    return _line("txadmin", cmd.op.value, _tx_key(cmd.tx_key), _i32(cmd.opaque, "opaque")), b""
+
+
 def _result(reply: ResultReply) -> tuple[bytes, Body]:
     body = _body(reply.body, "result body")
     return encode_result_header(reply.code, memoryview(body).nbytes, reply.opaque), body
@@ -216,6 +224,7 @@ _ENCODERS: dict[type, Callable[[Any], tuple[bytes, Body]]] = {
     VersionCommand: _version,
     QuitCommand: _quit,
     TransactionCommand: _transaction,
+    TxAdminCommand: _txadmin,
     ResultReply: _result,
     ValueReply: _value,
 }

@@ -26,6 +26,8 @@ from pymetaq.client.protocol import (
     SyncCommand,
     TransactionCommand,
     TransactionType,
+    TxAdminCommand,
+    TxAdminOp,
     ValueReply,
     VersionCommand,
     XidKey,
@@ -108,6 +110,7 @@ COMMANDS: st.SearchStrategy[Event] = st.one_of(
     st.builds(VersionCommand, OPAQUE),
     st.just(QuitCommand()),
     transactions(),
+    st.builds(TxAdminCommand, st.sampled_from(TxAdminOp), TX_KEY, OPAQUE),
     st.builds(SyncCommand, TOKEN, INT32, BODY, INT32, INT64, CHECKSUM, OPAQUE),
 )
 REPLIES: st.SearchStrategy[Event] = st.one_of(
