@@ -39,6 +39,7 @@ from pymetaq.server.dispatch import Dispatcher
 from pymetaq.server.errors import BrokerStateError, ConfigError, StartupError
 from pymetaq.server.http import start_dashboard
 from pymetaq.server.registry import RegistryError
+from pymetaq.server.transaction.service import TransactionService
 from pymetaq.storage import MessageStoreManager, StorageError
 
 log = logging.getLogger("pymetaq.server")
@@ -52,6 +53,7 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.store: Any = None
+        self.transactions: Any = None
         self.port = 0
         self.host = config.system.host_name or "127.0.0.1"
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -159,6 +161,7 @@ class Broker:
                 lambda: Connection(dispatcher), self.host, port, backlog=1024, reuse_address=True
             )
         except BaseException as exc:
+            self.transactions.close_blocking()
             self.store.close()
             if isinstance(exc, OSError):
                 raise StartupError(
@@ -174,6 +177,7 @@ class Broker:
             server.close()
             if self.dashboard is not None:
                 await self.dashboard.close()
+            await self.transactions.aclose()
             await loop.run_in_executor(None, self.store.close)
             raise
         if install_signals:
@@ -217,6 +221,11 @@ class Broker:
                     self.config.path,
                 )
         self.store.start()
+        try:
+            self.transactions = TransactionService.open(self.config, self.store)
+        except BaseException:
+            self.store.close()
+            raise
 
     async def _register(self) -> None:
         if self.config.zookeeper.enabled:  # kazoo is imported only then
@@ -267,6 +276,7 @@ class Broker:
         for conn in list(dispatcher.connections):
             conn.abort()
         await server.wait_closed()
+        await self.transactions.aclose()
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         log.info("stopped: storage closed cleanly")
 

@@ -7,13 +7,13 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 | put          | 200 ``"<msgId> <partition> <offset>"``   | 403 acceptPublish=false or the partition |
 |              |                                          | closed (``admin close``); 500 unknown    |
 |              |                                          | topic, bad partition, checksum mismatch, |
-|              |                                          | write failure, transactional put (not    |
-|              |                                          | enabled yet), a pattern topic over       |
+|              |                                          | write failure, a pattern topic over      |
 |              |                                          | maxAutoCreatedPartitions, out of file    |
 |              |                                          | descriptors; 400: data over              |
 |              |                                          | maxTransferSize - 20 (codec limit, body  |
 |              |                                          | discarded), a flag the data does not     |
-|              |                                          | honour (``storage/flags.py``)            |
+|              |                                          | honour (``storage/flags.py``); with a tx |
+|              |                                          | key: :mod:`.transaction.handler`         |
 | bput         | 200 ``"<firstId> <partition> <offset>    | as put; 400 malformed records (framing,  |
 |              | <count>"`` (count = records stored)      | a record CRC or flag, a record's data    |
 |              |                                          | over maxTransferSize - 20: nothing       |
@@ -27,7 +27,7 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 | offset       | 200 ``<nearest segment start>``          | 404 no such store                        |
 | stats        | 200 ``STATS\\r\\n...END\\r\\n``          |                                          |
 | version      | 200 version string (also the heartbeat)  |                                          |
-| transaction  | -                                        | 500 not enabled (END: no reply, as MetaQ)|
+| transaction  | :mod:`pymetaq.server.transaction.handler` (also ``txadmin``, ``stats transactions``) |
 | sync         | -                                        | 500 not a slave                          |
 | admin        | 200 text (:mod:`pymetaq.server.monitor.ops`) | 403 not from a loopback address;     |
 |              |                                          | 400/404/500 per action                   |
@@ -77,7 +77,7 @@ from pymetaq.client.protocol import (
     StatsCommand,
     SyncCommand,
     TransactionCommand,
-    TransactionType,
+    TxAdminCommand,
     VersionCommand,
 )
 from pymetaq.client.protocol.names import topic_name_error
@@ -114,7 +114,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pymetaq.server")
 
 LONG_MAX = (1 << 63) - 1
-TX_DISABLED = b"transactions are not enabled on this broker yet"
 SYNC_DISABLED = b"sync is only accepted by a slave broker; this broker is not a slave"
 ADMIN_LOOPBACK_ONLY = b"admin commands are accepted only from this host (a loopback address)"
 
@@ -152,6 +151,10 @@ class Dispatcher:
         self.throttled = Throttled(log)
         self.longpoll = LongPoll(self)
         self.partitions = Partitions(broker, self._store_created)
+        self.tx = broker.transactions.attach(loop, self.stats, system.max_put_size)
+        self.stats.add_item(
+            "transactions", "Returns the open transactions (pymetaq).", self.tx.stats_lines
+        )
         self._table: dict[type, Handler] = dict(
             (
                 _route(PutCommand, self.on_put),
@@ -160,7 +163,8 @@ class Dispatcher:
                 _route(OffsetCommand, self.on_offset),
                 _route(StatsCommand, self.on_stats),
                 _route(VersionCommand, self.on_version),
-                _route(TransactionCommand, self.on_transaction),
+                _route(TransactionCommand, self.tx.on_transaction),
+                _route(TxAdminCommand, self.tx.on_admin),
                 _route(SyncCommand, self.on_sync),
                 _route(AdminCommand, self.on_admin),
             )
@@ -207,6 +211,7 @@ class Dispatcher:
         self.stats.curr_connections = len(self.connections)
         self.body_budget.release(conn)
         self.longpoll.drop_connection(conn)
+        self.tx.connection_closed(conn)
 
     def protocol_error(self, conn: Connection, exc: ProtocolError) -> None:
         self.monitor.protocol_errors += 1
@@ -324,8 +329,8 @@ class Dispatcher:
 
     def on_put(self, conn: Connection, cmd: PutCommand) -> None:
         self.stats.counters["cmd_put"] += 1
-        if cmd.tx_key is not None:
-            self._put_failed(conn, cmd.opaque, TX_DISABLED.decode())
+        if cmd.tx_key is not None and cmd.tx_key != "null":
+            self.tx.on_put(conn, cmd, self._put_target)
             return
         crc = checksum(cmd.data)
         if cmd.checksum is not None and cmd.checksum != crc:
@@ -497,11 +502,6 @@ class Dispatcher:
 
     def on_version(self, conn: Connection, cmd: VersionCommand) -> None:
         conn.result(200, VERSION.encode(), cmd.opaque)
-
-    def on_transaction(self, conn: Connection, cmd: TransactionCommand) -> None:
-        if cmd.type is TransactionType.END:
-            return  # MetaQ never answers END
-        conn.result(500, TX_DISABLED, cmd.opaque)
 
     def on_sync(self, conn: Connection, cmd: SyncCommand) -> None:
         conn.result(500, SYNC_DISABLED, cmd.opaque)

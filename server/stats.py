@@ -17,7 +17,8 @@ Every body has MetaQ's shape: ``STATS\\r\\n`` + ``key value\\r\\n`` lines + ``EN
 | ``help``      | ``<item> <what it returns>`` per item, MetaQ's wording (``*EMPTY*`` = the  |
 |               | general item)                                                              |
 | ``reset``     | ``reset ok``: the realtime stats back to zero (MetaQ: counters are kept)   |
-| extra items   | registered by other parts of the broker (:meth:`Stats.add_item`): ``lag``  |
+| extra items   | registered by other parts of the broker (:meth:`Stats.add_item`): ``lag``, |
+|               | ``transactions`` (one line per open transaction)                          |
 
 A realtime stat is MetaQ's ``Count=c,Value=v,Value/Count=r,Count/Duration=r,Duration=s``:
 numbers as Java's ``DecimalFormat("#.##")`` prints them (``5``, ``1.25``), ``invalid`` for a

@@ -35,6 +35,8 @@ from pymetaq.client.protocol.model import (
     SyncCommand,
     TransactionCommand,
     TransactionType,
+    TxAdminCommand,
+    TxAdminOp,
     ValueReply,
     VersionCommand,
 )
@@ -204,6 +206,12 @@ def _admin(cmd: AdminCommand) -> tuple[bytes, Body]:
     return _line("admin", _s(cmd.action, "admin action"), *args, _i32(cmd.opaque, "opaque")), b""
 
 
+def _txadmin(cmd: TxAdminCommand) -> tuple[bytes, Body]:
+    if not isinstance(cmd.op, TxAdminOp):
+        raise LocalProtocolError(f"op must be a TxAdminOp, not {cmd.op!r}")
+    return _line("txadmin", cmd.op.value, _tx_key(cmd.tx_key), _i32(cmd.opaque, "opaque")), b""
+
+
 def _result(reply: ResultReply) -> tuple[bytes, Body]:
     body = _body(reply.body, "result body")
     return encode_result_header(reply.code, memoryview(body).nbytes, reply.opaque), body
@@ -225,6 +233,7 @@ _ENCODERS: dict[type, Callable[[Any], tuple[bytes, Body]]] = {
     QuitCommand: _quit,
     TransactionCommand: _transaction,
     AdminCommand: _admin,
+    TxAdminCommand: _txadmin,
     ResultReply: _result,
     ValueReply: _value,
 }

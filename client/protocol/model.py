@@ -200,6 +200,24 @@ class TransactionCommand:
     opaque: int = 0
 
 
+class TxAdminOp(enum.Enum):
+    """pymetaq ``txadmin`` operations on a prepared XA branch (an operator's decision)."""
+
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    FORGET = "forget"
+
+
+@dataclass(frozen=True, slots=True)
+class TxAdminCommand:
+    """pymetaq ``txadmin <op> <txKey> <opaque>``: heuristic commit/rollback of a prepared XA
+    branch, or forget of a heuristic decision (the broker accepts it from loopback peers)."""
+
+    op: TxAdminOp
+    tx_key: str
+    opaque: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class SyncCommand:
     """``sync <topic> <partition> <len> <flag> <msgId> [<checksum>] <opaque>\\r\\n<data>``.
@@ -256,6 +274,7 @@ Command: TypeAlias = (
     | VersionCommand
     | QuitCommand
     | TransactionCommand
+    | TxAdminCommand
     | SyncCommand
     | AdminCommand
 )

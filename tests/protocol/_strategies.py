@@ -27,6 +27,8 @@ from pymetaq.client.protocol import (
     SyncCommand,
     TransactionCommand,
     TransactionType,
+    TxAdminCommand,
+    TxAdminOp,
     ValueReply,
     VersionCommand,
     XidKey,
@@ -110,6 +112,7 @@ COMMANDS: st.SearchStrategy[Event] = st.one_of(
     st.builds(AdminCommand, TOKEN, st.lists(TOKEN, max_size=5).map(tuple), OPAQUE),
     st.just(QuitCommand()),
     transactions(),
+    st.builds(TxAdminCommand, st.sampled_from(TxAdminOp), TX_KEY, OPAQUE),
     st.builds(SyncCommand, TOKEN, INT32, BODY, INT32, INT64, CHECKSUM, OPAQUE),
 )
 REPLIES: st.SearchStrategy[Event] = st.one_of(

@@ -166,4 +166,5 @@ def test_the_shipped_config_documents_the_new_key() -> None:
 
 def test_lock_file_is_not_a_partition(tmp_path: Path) -> None:
     with BrokerProcess.start(tmp_path, topics={"t": {}}) as broker:
-        assert sorted(os.listdir(broker.data_path)) == [".lock"]
+        # the lock file and the transaction journal (dataLogPath defaults to dataPath), no store
+        assert sorted(os.listdir(broker.data_path)) == [".lock", "transactions"]
