@@ -14,10 +14,13 @@ address or a host name that resolves (it is the listen address).
 
 Every MetaQ key is accepted.  Keys that pymetaq reads today are *live*; the others are parsed,
 validated and kept but *inert* until the feature that uses them lands (see ``INERT_KEYS``):
-dashboardHttpPort, appClassPath, getProcessThreadCount, putProcessThreadCount,
-quartzThreadCount, loadMessageStoresInParallel and the ``group.<name>`` server-side filters.  The ``[zookeeper]`` keys are live: with
+appClassPath, getProcessThreadCount, putProcessThreadCount, quartzThreadCount,
+loadMessageStoresInParallel and the ``group.<name>`` server-side filters.  The ``[zookeeper]``
+keys are live: with
 ``zk.zkEnable=true`` the broker registers in ZooKeeper (:mod:`pymetaq.server.registry`).
 hostName is used as the listen address (empty = 127.0.0.1 for the standalone broker).
+``dashboardHttpPort`` (MetaQ's, default 8120) is the HTTP port of ``/metrics`` and the dashboard
+(:mod:`pymetaq.server.http`); 0 turns it off.
 
 pymetaq's own ``[system]`` keys (limits; units in the names):
 
@@ -44,6 +47,13 @@ pymetaq's own ``[system]`` keys (limits; units in the names):
 | minFreeDiskBytes         | 67108864  | puts are refused (500, nothing stored) while a data |
 |                          |           | directory's filesystem has less free space (0 =     |
 |                          |           | off); reads go on, puts resume once space is freed  |
+| dashboardHttpHost        | 127.0.0.1 | the address ``dashboardHttpPort`` listens on        |
+|                          |           | (loopback: only this host can scrape or browse; the |
+|                          |           | reload button works only from loopback whatever it  |
+|                          |           | is)                                                 |
+| maxLagEntries            | 10000     | (group, topic, partition) positions the broker      |
+|                          |           | tracks for ``stats lag``; past it the longest-idle  |
+|                          |           | one is forgotten                                    |
 | maxTxPerConnection       | 256       | open local transactions one connection may hold     |
 | maxTxHeldBytes           | 67108864  | bytes of messages all open transactions may hold    |
 | txJournalFileSize        | 67108864  | transaction journal file size (MetaQ's              |
@@ -120,6 +130,8 @@ SYSTEM_KEYS: dict[str, tuple[str, str, Any]] = {
     "maxBufferedBodyBytes": ("max_buffered_body_bytes", "int", 256 * 1024 * 1024),
     "maxAutoCreatedPartitions": ("max_auto_created_partitions", "int", 1000),
     "minFreeDiskBytes": ("min_free_disk_bytes", "int", 64 * 1024 * 1024),
+    "dashboardHttpHost": ("dashboard_http_host", "str", "127.0.0.1"),
+    "maxLagEntries": ("max_lag_entries", "int", 10_000),
     "maxTxPerConnection": ("max_tx_per_connection", "int", 256),
     "maxTxHeldBytes": ("max_tx_held_bytes", "int", 64 * 1024 * 1024),
     "txJournalFileSize": ("tx_journal_file_size", "int", 64 * 1024 * 1024),
@@ -149,7 +161,6 @@ TOPIC_KEYS: tuple[str, ...] = (
 
 INERT_KEYS: frozenset[str] = frozenset(
     {
-        "dashboardHttpPort",
         "appClassPath",
         "getProcessThreadCount",
         "putProcessThreadCount",
@@ -199,6 +210,8 @@ class SystemConfig:
     max_buffered_body_bytes: int = 256 * 1024 * 1024
     max_auto_created_partitions: int = 1000
     min_free_disk_bytes: int = 64 * 1024 * 1024
+    dashboard_http_host: str = "127.0.0.1"
+    max_lag_entries: int = 10_000
     max_tx_per_connection: int = 256
     max_tx_held_bytes: int = 64 * 1024 * 1024
     tx_journal_file_size: int = 64 * 1024 * 1024
@@ -390,6 +403,12 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "maxBufferedBodyBytes": (lambda v: v >= 1 << 20, "must be >= 1048576 bytes"),
     "maxAutoCreatedPartitions": (lambda v: v >= 0, "must be >= 0"),
     "minFreeDiskBytes": (lambda v: v >= 0, "must be >= 0 bytes (0 = no reserve)"),
+    "dashboardHttpPort": (lambda v: 0 <= v <= 65535, "must be 0..65535 (0 = off)"),
+    "dashboardHttpHost": (
+        lambda v: bool(v) and _host_error(v) is None,
+        "must be an IP address or a host name",
+    ),
+    "maxLagEntries": (lambda v: 1 <= v <= 10_000_000, "must be 1..10000000"),
     "deleteWhen": (lambda v: _schedule_error(v) is None, "must be a Quartz cron expression"),
     "hostName": (lambda v: _host_error(v) is None, "must be empty, an IP address or a host name"),
     "flushTxLogAtCommit": (
@@ -443,6 +462,7 @@ def _host_error(host: str) -> str | None:
 _EXPLAIN: dict[str, Callable[[Any], str | None]] = {
     "deleteWhen": _schedule_error,
     "hostName": _host_error,
+    "dashboardHttpHost": _host_error,
 }
 
 

@@ -235,6 +235,16 @@ class SyncCommand:
     opaque: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class AdminCommand:
+    """``admin <action> [<arg>...] <opaque>`` - pymetaq's operations extension (close/open a
+    partition, reload the config, slave status; see docs/protocol.md).  1 to 5 args."""
+
+    action: str
+    args: tuple[str, ...] = ()
+    opaque: int = 0
+
+
 # --------------------------------------------------------------------------- replies
 
 
@@ -266,6 +276,7 @@ Command: TypeAlias = (
     | TransactionCommand
     | TxAdminCommand
     | SyncCommand
+    | AdminCommand
 )
 Reply: TypeAlias = ResultReply | ValueReply
 Event: TypeAlias = Command | Reply

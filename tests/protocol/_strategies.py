@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from pymetaq.client.protocol import (
     NEED_DATA,
+    AdminCommand,
     BatchPutCommand,
     Event,
     GetCommand,
@@ -108,6 +109,7 @@ COMMANDS: st.SearchStrategy[Event] = st.one_of(
     st.builds(OffsetCommand, TOKEN, TOKEN, INT32, INT64, OPAQUE),
     st.builds(StatsCommand, st.just("") | TOKEN, OPAQUE),
     st.builds(VersionCommand, OPAQUE),
+    st.builds(AdminCommand, TOKEN, st.lists(TOKEN, max_size=5).map(tuple), OPAQUE),
     st.just(QuitCommand()),
     transactions(),
     st.builds(TxAdminCommand, st.sampled_from(TxAdminOp), TX_KEY, OPAQUE),

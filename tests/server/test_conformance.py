@@ -362,7 +362,7 @@ def test_stats_items(broker: BrokerProcess, wire: Wire) -> None:
     ]
     topic = stats_lines(wire.call(b"stats log-stats 114\r\n"))  # type: ignore[arg-type]
     assert topic[:5] == [
-        "topic log-stats",
+        "log-stats",  # MetaQ: the name alone
         "resultCode 0",
         "partitions 3",
         "message_count 1",
@@ -373,7 +373,20 @@ def test_stats_items(broker: BrokerProcess, wire: Wire) -> None:
     empty = stats_lines(wire.call(b"stats closed 116\r\n"))  # type: ignore[arg-type]
     assert empty[1] == "resultCode 2"
     help_ = stats_lines(wire.call(b"stats help 117\r\n"))  # type: ignore[arg-type]
-    assert "realtime" in help_ and "reset" in help_
+    assert help_[:6] == [  # MetaQ's StatsManager.appendHelp, then pymetaq's items
+        "*EMPTY* Returns broker info.",
+        "help Returns help menu.",
+        "topics Returns topics statistics detail info.",
+        "offsets Returns partitions detail info.",
+        "realtime Returns realtime statistics detail info.",
+        "config Returns broker's config file content.",
+    ]
+    assert [line.split(" ", 1)[0] for line in help_[6:]] == [
+        "reset",
+        "<topic>",
+        "lag",
+        "transactions",
+    ]
 
 
 def test_stats_config_is_the_raw_file(broker: BrokerProcess, wire: Wire) -> None:
@@ -510,9 +523,12 @@ def test_realtime_stats_count_requests_for_stat_topics(wire: Wire) -> None:
     lines = stats_lines(wire.call(b"stats t-stat 8004\r\n"))  # type: ignore[arg-type]
     put = next(line for line in lines if line.startswith("topic_realtime_put "))
     assert put.split(" ", 1)[1].startswith("Count=4,Value=5,Value/Count=1.25,")
+    # MetaQ's DecimalFormat("#.##"): whole numbers without decimals, "invalid" over zero
+    assert "topic_realtime_offset null" in lines  # nothing recorded for the item yet
     size = next(line for line in lines if line.startswith("topic_realtime_message_size "))
     assert size.split(" ", 1)[1].startswith(f"Count=5,Value={3 * 25 + 2 * 21},")
     # a topic without stat=true keeps no realtime stats
     put_ok(wire, "t-legacy", b"x", 8005)
     lines = stats_lines(wire.call(b"stats t-legacy 8006\r\n"))  # type: ignore[arg-type]
-    assert "topic_realtime_put Count=0,Value=0" in " ".join(lines)
+    assert "topic_realtime_put Invalid keyTwo:t-legacy" in lines  # MetaQ's text
+    assert "topic_realtime_offset null" in lines
