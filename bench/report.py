@@ -64,6 +64,8 @@ def ratios(aggregates: Iterable[Record], ours: str = "pymetaq") -> list[Record]:
                 mine["msg_bytes"],
             ):
                 continue
+            if peer["system"].startswith(ours) and peer["mode"] != mine["mode"]:
+                continue  # a pymetaq variant (pymetaq-nometrics): mode against the same mode
             metrics = ("msgs_per_s",) if mine["case"] in THROUGHPUT_CASES else ("p50_us", "p99_us")
             for metric in metrics:
                 denominator = peer[metric]["median"]

@@ -37,7 +37,9 @@ from pymetaq.server.config import BrokerConfig, load_config
 from pymetaq.server.connection import Connection
 from pymetaq.server.dispatch import Dispatcher
 from pymetaq.server.errors import BrokerStateError, ConfigError, StartupError
+from pymetaq.server.http import start_dashboard
 from pymetaq.server.registry import RegistryError
+from pymetaq.server.transaction.service import TransactionService
 from pymetaq.storage import MessageStoreManager, StorageError
 
 log = logging.getLogger("pymetaq.server")
@@ -51,6 +53,7 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.store: Any = None
+        self.transactions: Any = None
         self.port = 0
         self.host = config.system.host_name or "127.0.0.1"
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -63,6 +66,7 @@ class Broker:
         self._store_configs: dict[str, Any] = {}
         self._loop_thread_id = 0
         self.registry: Any = None  # pymetaq.server.registry.BrokerRegistry when zk is enabled
+        self.dashboard: Any = None  # pymetaq.server.http.Dashboard when dashboardHttpPort > 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -157,6 +161,7 @@ class Broker:
                 lambda: Connection(dispatcher), self.host, port, backlog=1024, reuse_address=True
             )
         except BaseException as exc:
+            self.transactions.close_blocking()
             self.store.close()
             if isinstance(exc, OSError):
                 raise StartupError(
@@ -166,9 +171,13 @@ class Broker:
             raise
         self.port = server.sockets[0].getsockname()[1]
         try:
+            self.dashboard = await start_dashboard(self, dispatcher)
             await self._register()
         except BaseException:
             server.close()
+            if self.dashboard is not None:
+                await self.dashboard.close()
+            await self.transactions.aclose()
             await loop.run_in_executor(None, self.store.close)
             raise
         if install_signals:
@@ -212,6 +221,11 @@ class Broker:
                     self.config.path,
                 )
         self.store.start()
+        try:
+            self.transactions = TransactionService.open(self.config, self.store)
+        except BaseException:
+            self.store.close()
+            raise
 
     async def _register(self) -> None:
         if self.config.zookeeper.enabled:  # kazoo is imported only then
@@ -242,6 +256,8 @@ class Broker:
             log.info("unregistered from ZooKeeper; serving %d ms more (zk.zkSyncTimeMs)", sync_ms)
             await asyncio.sleep(sync_ms / 1000)
         log.info("stopping: no longer accepting connections")
+        if self.dashboard is not None:
+            await self.dashboard.close()
         dispatcher.accepting = False
         server.close()
         for conn in list(dispatcher.connections):
@@ -260,6 +276,7 @@ class Broker:
         for conn in list(dispatcher.connections):
             conn.abort()
         await server.wait_closed()
+        await self.transactions.aclose()
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         log.info("stopped: storage closed cleanly")
 
@@ -298,13 +315,19 @@ class Broker:
         return self._reload()
 
     def _reload(self) -> bool:
+        return self.reload_now()[0]
+
+    def reload_now(self) -> tuple[bool, str]:
+        """(loop thread) Reload now: (applied?, what happened - for ``admin reload``)."""
         try:
             new = load_config(self.config.path)
         except ConfigError as exc:
             log.error("config reload failed, keeping the old configuration: %s", exc)
-            return False
+            return False, f"config reload failed, keeping the old configuration: {exc}"
+        note = ""
         if new.system != self.config.system:
             log.warning("config reload: [system] changes need a restart; applying topics only")
+            note = "; [system] changes need a restart (not applied)"
         self.config = dataclasses.replace(
             self.config, topics=new.topics, text=new.text, checksum=new.checksum
         )
@@ -315,4 +338,6 @@ class Broker:
         if self.registry is not None:
             self.registry.reload()
         log.info("config reloaded: %d topic section(s)", len(new.topics))
-        return True
+        return True, (
+            f"config reloaded: {len(new.topics)} topic section(s), checksum {new.checksum}{note}"
+        )

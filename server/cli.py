@@ -1,6 +1,6 @@
 """The ``pymetaq`` command: argparse with one subcommand per module.
 
-The server's commands (``server``; ``check`` and ``repair``) and the client's (``produce``, ``consume``, ``offsets``,
+The server's commands (``server``; ``check`` and ``repair``; ``tx``) and the client's (``produce``, ``consume``, ``offsets``,
 ``stats``: :func:`pymetaq.client.cli.add_parsers`) are imported explicitly; each command module
 adds its parser and sets ``func(args) -> int`` as the default.
 
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from pymetaq.client import cli as client_cli
-from pymetaq.server import cmd_check, cmd_server
+from pymetaq.server import cmd_check, cmd_server, cmd_tx
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     cmd_server.add_parser(subparsers)
     cmd_check.add_parser(subparsers)
+    cmd_tx.add_parser(subparsers)
     client_cli.add_parsers(subparsers)
     return parser
 

@@ -14,12 +14,13 @@ address or a host name that resolves (it is the listen address).
 
 Every MetaQ key is accepted.  Keys that pymetaq reads today are *live*; the others are parsed,
 validated and kept but *inert* until the feature that uses them lands (see ``INERT_KEYS``):
-dashboardHttpPort, dataLogPath, appClassPath, getProcessThreadCount, putProcessThreadCount,
-quartzThreadCount, maxCheckpoints, checkpointInterval, maxTxTimeoutTimerCapacity,
-maxTxTimeoutInSeconds, flushTxLogAtCommit, loadMessageStoresInParallel and the
-``group.<name>`` server-side filters.  The ``[zookeeper]`` keys are live: with
+appClassPath, getProcessThreadCount, putProcessThreadCount, quartzThreadCount,
+loadMessageStoresInParallel and the ``group.<name>`` server-side filters.  The ``[zookeeper]``
+keys are live: with
 ``zk.zkEnable=true`` the broker registers in ZooKeeper (:mod:`pymetaq.server.registry`).
 hostName is used as the listen address (empty = 127.0.0.1 for the standalone broker).
+``dashboardHttpPort`` (MetaQ's, default 8120) is the HTTP port of ``/metrics`` and the dashboard
+(:mod:`pymetaq.server.http`); 0 turns it off.
 
 pymetaq's own ``[system]`` keys (limits; units in the names):
 
@@ -46,6 +47,23 @@ pymetaq's own ``[system]`` keys (limits; units in the names):
 | minFreeDiskBytes         | 67108864  | puts are refused (500, nothing stored) while a data |
 |                          |           | directory's filesystem has less free space (0 =     |
 |                          |           | off); reads go on, puts resume once space is freed  |
+| dashboardHttpHost        | 127.0.0.1 | the address ``dashboardHttpPort`` listens on        |
+|                          |           | (loopback: only this host can scrape or browse; the |
+|                          |           | reload button works only from loopback whatever it  |
+|                          |           | is)                                                 |
+| maxLagEntries            | 10000     | (group, topic, partition) positions the broker      |
+|                          |           | tracks for ``stats lag``; past it the longest-idle  |
+|                          |           | one is forgotten                                    |
+| maxTxPerConnection       | 256       | open local transactions one connection may hold     |
+| maxTxHeldBytes           | 67108864  | bytes of messages all open transactions may hold    |
+| txJournalFileSize        | 67108864  | transaction journal file size (MetaQ's              |
+|                          |           | ``-Dmeta.tx_journal_file_size``)                    |
+
+Transactions (MetaQ's keys, live): ``dataLogPath`` (the journal goes to
+``<dataLogPath>/transactions``; default ``dataPath``), ``flushTxLogAtCommit`` (0/1/2),
+``maxCheckpoints``, ``checkpointInterval`` (ms), ``maxTxTimeoutInSeconds`` (cap and default of
+a transaction's timeout; 0 = none) and ``maxTxTimeoutTimerCapacity`` (open transactions per
+broker); see docs/transactions.md.
 
 Paths: a relative ``dataPath`` (and per-topic ``dataPath``) is resolved against the working
 directory of the process that loads the file, ``~`` is expanded; the shipped
@@ -112,6 +130,11 @@ SYSTEM_KEYS: dict[str, tuple[str, str, Any]] = {
     "maxBufferedBodyBytes": ("max_buffered_body_bytes", "int", 256 * 1024 * 1024),
     "maxAutoCreatedPartitions": ("max_auto_created_partitions", "int", 1000),
     "minFreeDiskBytes": ("min_free_disk_bytes", "int", 64 * 1024 * 1024),
+    "dashboardHttpHost": ("dashboard_http_host", "str", "127.0.0.1"),
+    "maxLagEntries": ("max_lag_entries", "int", 10_000),
+    "maxTxPerConnection": ("max_tx_per_connection", "int", 256),
+    "maxTxHeldBytes": ("max_tx_held_bytes", "int", 64 * 1024 * 1024),
+    "txJournalFileSize": ("tx_journal_file_size", "int", 64 * 1024 * 1024),
 }
 
 ZK_KEYS: dict[str, tuple[str, str, Any]] = {
@@ -138,17 +161,10 @@ TOPIC_KEYS: tuple[str, ...] = (
 
 INERT_KEYS: frozenset[str] = frozenset(
     {
-        "dashboardHttpPort",
-        "dataLogPath",
         "appClassPath",
         "getProcessThreadCount",
         "putProcessThreadCount",
         "quartzThreadCount",
-        "maxCheckpoints",
-        "checkpointInterval",
-        "maxTxTimeoutTimerCapacity",
-        "maxTxTimeoutInSeconds",
-        "flushTxLogAtCommit",
         "loadMessageStoresInParallel",
     }
 )
@@ -194,6 +210,11 @@ class SystemConfig:
     max_buffered_body_bytes: int = 256 * 1024 * 1024
     max_auto_created_partitions: int = 1000
     min_free_disk_bytes: int = 64 * 1024 * 1024
+    dashboard_http_host: str = "127.0.0.1"
+    max_lag_entries: int = 10_000
+    max_tx_per_connection: int = 256
+    max_tx_held_bytes: int = 64 * 1024 * 1024
+    tx_journal_file_size: int = 64 * 1024 * 1024
 
     @property
     def max_put_size(self) -> int:
@@ -319,6 +340,8 @@ def parse_config(text: str, path: str = "<string>", *, cwd: str | None = None) -
     system = replace(system, data_path=_resolve(system.data_path, base))
     if not system.data_log_path:
         system = replace(system, data_log_path=system.data_path)
+    else:
+        system = replace(system, data_log_path=_resolve(system.data_log_path, base))
     _check_system(system, by_name.get("system"), path)
     zk = ZkConfig(**_section_values(by_name.get("zookeeper"), ZK_KEYS, path))
     if zk.enabled and not zk.connect:
@@ -380,8 +403,25 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "maxBufferedBodyBytes": (lambda v: v >= 1 << 20, "must be >= 1048576 bytes"),
     "maxAutoCreatedPartitions": (lambda v: v >= 0, "must be >= 0"),
     "minFreeDiskBytes": (lambda v: v >= 0, "must be >= 0 bytes (0 = no reserve)"),
+    "dashboardHttpPort": (lambda v: 0 <= v <= 65535, "must be 0..65535 (0 = off)"),
+    "dashboardHttpHost": (
+        lambda v: bool(v) and _host_error(v) is None,
+        "must be an IP address or a host name",
+    ),
+    "maxLagEntries": (lambda v: 1 <= v <= 10_000_000, "must be 1..10000000"),
     "deleteWhen": (lambda v: _schedule_error(v) is None, "must be a Quartz cron expression"),
     "hostName": (lambda v: _host_error(v) is None, "must be empty, an IP address or a host name"),
+    "flushTxLogAtCommit": (
+        lambda v: v in (0, 1, 2),
+        "must be 0 (OS), 1 (fsync) or 2 (every second)",
+    ),
+    "maxCheckpoints": (lambda v: v >= 1, "must be >= 1"),
+    "checkpointInterval": (lambda v: v >= 1000, "must be >= 1000 ms"),
+    "maxTxTimeoutInSeconds": (lambda v: v >= 0, "must be >= 0 (0 = no timeouts)"),
+    "maxTxTimeoutTimerCapacity": (lambda v: v >= 1, "must be >= 1"),
+    "maxTxPerConnection": (lambda v: v >= 1, "must be >= 1"),
+    "maxTxHeldBytes": (lambda v: v >= 1024, "must be >= 1024 bytes"),
+    "txJournalFileSize": (lambda v: v >= 65536, "must be >= 65536 bytes"),
     "deletePolicy": (
         lambda v: re.fullmatch(r"(delete|archive),\d+[hms]?(,\w+)?", v) is not None,
         "must look like 'delete,168' or 'archive,168,true'",
@@ -422,6 +462,7 @@ def _host_error(host: str) -> str | None:
 _EXPLAIN: dict[str, Callable[[Any], str | None]] = {
     "deleteWhen": _schedule_error,
     "hostName": _host_error,
+    "dashboardHttpHost": _host_error,
 }
 
 

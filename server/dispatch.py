@@ -4,15 +4,16 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 
 | verb         | success                                  | errors                                   |
 |--------------|------------------------------------------|------------------------------------------|
-| put          | 200 ``"<msgId> <partition> <offset>"``   | 403 acceptPublish=false; 500 unknown     |
+| put          | 200 ``"<msgId> <partition> <offset>"``   | 403 acceptPublish=false or the partition |
+|              |                                          | closed (``admin close``); 500 unknown    |
 |              |                                          | topic, bad partition, checksum mismatch, |
-|              |                                          | write failure, transactional put (not    |
-|              |                                          | enabled yet), a pattern topic over       |
+|              |                                          | write failure, a pattern topic over      |
 |              |                                          | maxAutoCreatedPartitions, out of file    |
 |              |                                          | descriptors; 400: data over              |
 |              |                                          | maxTransferSize - 20 (codec limit, body  |
 |              |                                          | discarded), a flag the data does not     |
-|              |                                          | honour (``storage/flags.py``)            |
+|              |                                          | honour (``storage/flags.py``); with a tx |
+|              |                                          | key: :mod:`.transaction.handler`         |
 | bput         | 200 ``"<firstId> <partition> <offset>    | as put; 400 malformed records (framing,  |
 |              | <count>"`` (count = records stored)      | a record CRC or flag, a record's data    |
 |              |                                          | over maxTransferSize - 20: nothing       |
@@ -26,8 +27,10 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 | offset       | 200 ``<nearest segment start>``          | 404 no such store                        |
 | stats        | 200 ``STATS\\r\\n...END\\r\\n``          |                                          |
 | version      | 200 version string (also the heartbeat)  |                                          |
-| transaction  | -                                        | 500 not enabled (END: no reply, as MetaQ)|
+| transaction  | :mod:`pymetaq.server.transaction.handler` (also ``txadmin``, ``stats transactions``) |
 | sync         | -                                        | 500 not a slave                          |
+| admin        | 200 text (:mod:`pymetaq.server.monitor.ops`) | 403 not from a loopback address;     |
+|              |                                          | 400/404/500 per action                   |
 
 The ``bput`` count token is checked only against the body length: the records themselves are
 walked once, by storage's validate-and-stamp loop (no second per-record pass in the broker), and
@@ -46,6 +49,10 @@ realtime stats keyed only by topics that exist (a miss on a name that has no sto
 its ``[topic=...]`` section's name, so invented names never grow the map).  Running out of file
 descriptors (EMFILE/ENFILE) is answered 500 per request and never stops the broker.
 
+Monitoring (:mod:`pymetaq.server.monitor`): each get on an existing partition records the
+group's position (``stats lag``), each data reply its bytes; the put path only checks for a
+closed partition, and only while one is closed.
+
 Thread-safety: everything runs on the event-loop thread (storage callbacks are marshalled onto it
 by :mod:`pymetaq.server.puts` and :mod:`pymetaq.server.longpoll`).
 """
@@ -59,6 +66,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 from pymetaq.client.protocol import (
+    AdminCommand,
     BatchPutCommand,
     Event,
     GetCommand,
@@ -69,7 +77,7 @@ from pymetaq.client.protocol import (
     StatsCommand,
     SyncCommand,
     TransactionCommand,
-    TransactionType,
+    TxAdminCommand,
     VersionCommand,
 )
 from pymetaq.client.protocol.names import topic_name_error
@@ -84,6 +92,8 @@ from pymetaq.server.limits import (
     descriptor_shortfall,
 )
 from pymetaq.server.longpoll import LongPoll
+from pymetaq.server.monitor.ops import Admin, is_loopback
+from pymetaq.server.monitor.state import LAG_HELP, Monitor
 from pymetaq.server.partitions import Partitions, TooManyPartitions
 from pymetaq.server.puts import Appender
 from pymetaq.server.stats import VERSION, PartitionInfo, Stats
@@ -104,8 +114,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pymetaq.server")
 
 LONG_MAX = (1 << 63) - 1
-TX_DISABLED = b"transactions are not enabled on this broker yet"
 SYNC_DISABLED = b"sync is only accepted by a slave broker; this broker is not a slave"
+ADMIN_LOOPBACK_ONLY = b"admin commands are accepted only from this host (a loopback address)"
 
 
 C = TypeVar("C")
@@ -130,6 +140,9 @@ class Dispatcher:
             max_batch_body=system.max_batch_size,
         )
         self.stats = Stats()
+        self.monitor = Monitor(system)
+        self.admin = Admin(broker, self.monitor.closed)
+        self.stats.add_item("lag", LAG_HELP, lambda: self.monitor.lag_lines(broker.store.logs()))
         self.connections: set[Connection] = set()
         self.accepting = True
         self.appender = Appender(loop, self.stats, system.max_put_size)
@@ -138,6 +151,10 @@ class Dispatcher:
         self.throttled = Throttled(log)
         self.longpoll = LongPoll(self)
         self.partitions = Partitions(broker, self._store_created)
+        self.tx = broker.transactions.attach(loop, self.stats, system.max_put_size)
+        self.stats.add_item(
+            "transactions", "Returns the open transactions (pymetaq).", self.tx.stats_lines
+        )
         self._table: dict[type, Handler] = dict(
             (
                 _route(PutCommand, self.on_put),
@@ -146,8 +163,10 @@ class Dispatcher:
                 _route(OffsetCommand, self.on_offset),
                 _route(StatsCommand, self.on_stats),
                 _route(VersionCommand, self.on_version),
-                _route(TransactionCommand, self.on_transaction),
+                _route(TransactionCommand, self.tx.on_transaction),
+                _route(TxAdminCommand, self.tx.on_admin),
                 _route(SyncCommand, self.on_sync),
+                _route(AdminCommand, self.on_admin),
             )
         )
         partitions = len(broker.store.logs()) + system.max_auto_created_partitions
@@ -192,8 +211,10 @@ class Dispatcher:
         self.stats.curr_connections = len(self.connections)
         self.body_budget.release(conn)
         self.longpoll.drop_connection(conn)
+        self.tx.connection_closed(conn)
 
     def protocol_error(self, conn: Connection, exc: ProtocolError) -> None:
+        self.monitor.protocol_errors += 1
         self.throttled.log(
             f"bad:{conn.peer_ip}",
             logging.INFO,
@@ -270,6 +291,11 @@ class Dispatcher:
                 403, f"The topic `{topic}` in broker does not accept publish".encode(), opaque
             )
             return None
+        if self.monitor.closed.active:  # only while some partition is closed (admin close)
+            partition, why = self.monitor.closed.check_put(self.broker, tc, topic, partition)
+            if why is not None:
+                self._put_failed(conn, opaque, why, code=403)
+                return None
         if partition == -1:
             partition = random.randrange(tc.num_partitions)
         if not 0 <= partition < tc.num_partitions:
@@ -303,8 +329,8 @@ class Dispatcher:
 
     def on_put(self, conn: Connection, cmd: PutCommand) -> None:
         self.stats.counters["cmd_put"] += 1
-        if cmd.tx_key is not None:
-            self._put_failed(conn, cmd.opaque, TX_DISABLED.decode())
+        if cmd.tx_key is not None and cmd.tx_key != "null":
+            self.tx.on_put(conn, cmd, self._put_target)
             return
         crc = checksum(cmd.data)
         if cmd.checksum is not None and cmd.checksum != crc:
@@ -358,7 +384,9 @@ class Dispatcher:
         plog = self._read_target(conn, cmd.topic, cmd.partition, cmd.opaque)
         if plog is False:
             return
-        if plog is None:
+        if plog is not None:
+            self.monitor.lag.record(cmd.group, cmd.topic, cmd.partition, cmd.offset)
+        else:
             if long_poll and tc is not None and 0 <= cmd.partition < tc.num_partitions:
                 self.longpoll.wait(conn, cmd, None)  # until a put creates the store
                 return
@@ -393,7 +421,8 @@ class Dispatcher:
         if res.status is ReadStatus.OK and res.region is not None:
             region = res.region
             if stat:
-                self.stats.realtime("get", cmd.topic, region.length)
+                self.stats.realtime("get", cmd.topic)
+            self.monitor.record_sent(cmd.topic, cmd.partition, region.length)
             conn.reply_region(plog, cmd.offset, region, cmd.opaque)
             return True
         if res.status is ReadStatus.OUT_OF_RANGE:
@@ -416,7 +445,8 @@ class Dispatcher:
 
     def _get_miss(self, key: str, stat: bool) -> None:
         self.stats.counters["get_miss"] += 1
-        if stat:
+        if stat:  # MetaQ counts every get, answered with data or not
+            self.stats.realtime("get", key)
             self.stats.realtime("get_miss", key)
 
     def on_offset(self, conn: Connection, cmd: OffsetCommand) -> None:
@@ -458,22 +488,29 @@ class Dispatcher:
 
     # -- the rest -------------------------------------------------------------------------------
     def on_stats(self, conn: Connection, cmd: StatsCommand) -> None:
+        conn.result(200, self.stats_body(cmd.item), cmd.opaque)
+
+    def stats_body(self, item: str) -> bytes:
+        """The body of ``stats <item>`` (also the dashboard's ``/stats/<item>``)."""
         infos = [
             PartitionInfo(
                 p.topic, p.partition, p.min_offset, p.max_offset, p.message_count, p.message_bytes
             )
             for p in self.broker.store.logs()
         ]
-        body = self.stats.render(cmd.item, self.broker.config, self.broker.port, infos)
-        conn.result(200, body, cmd.opaque)
+        return self.stats.render(item, self.broker.config, self.broker.port, infos)
 
     def on_version(self, conn: Connection, cmd: VersionCommand) -> None:
         conn.result(200, VERSION.encode(), cmd.opaque)
 
-    def on_transaction(self, conn: Connection, cmd: TransactionCommand) -> None:
-        if cmd.type is TransactionType.END:
-            return  # MetaQ never answers END
-        conn.result(500, TX_DISABLED, cmd.opaque)
-
     def on_sync(self, conn: Connection, cmd: SyncCommand) -> None:
         conn.result(500, SYNC_DISABLED, cmd.opaque)
+
+    def on_admin(self, conn: Connection, cmd: AdminCommand) -> None:
+        """pymetaq's ``admin`` (server/monitor/ops.py): loopback peers only until clients are
+        authenticated."""
+        if not is_loopback(conn.peer_ip):
+            conn.result(403, ADMIN_LOOPBACK_ONLY, cmd.opaque)
+            return
+        code, text = self.admin.run(cmd.action, cmd.args)
+        conn.result(code, text.encode("utf-8", "replace"), cmd.opaque)

@@ -61,6 +61,10 @@ class LongPoll:
         self._listening: set[Key] = set()
         self._scheduled: set[Key] = set()
 
+    def waiting(self) -> int:
+        """How many gets are parked now (monitoring)."""
+        return sum(len(w) for w in self._waiters.values())
+
     def wait(self, conn: Connection, cmd: GetCommand, plog: PartitionLog | None) -> None:
         """Park ``cmd`` until data arrives or its maxWaitMs elapses."""
         waiter = Waiter(conn, cmd, plog)

@@ -12,18 +12,31 @@ Every body has MetaQ's shape: ``STATS\\r\\n`` + ``key value\\r\\n`` lines + ``EN
 |               | accept_subscribe B``; a configured topic with no store: ``<topic> *Empty*`` |
 | ``offsets``   | ``<topic> part <p> min_offset <n> max_offset <n>``                         |
 | ``realtime``  | realtime_{put,get,offset,get_miss,put_failed,message_size} <stat>          |
-| ``<topic>``   | topic, resultCode (0 ok, 1 unknown, 2 configured but no data), partitions, |
+| ``<topic>``   | the name, resultCode (0 ok, 1 unknown, 2 configured, no data), partitions, |
 |               | message_count, bytes, topic_realtime_{put,get,offset,get_miss,...} <stat>  |
-| ``help``      | the item list                                                             |
-| ``reset``     | ``reset ok`` (counters and realtime stats back to zero)                    |
+| ``help``      | ``<item> <what it returns>`` per item, MetaQ's wording (``*EMPTY*`` = the  |
+|               | general item)                                                              |
+| ``reset``     | ``reset ok``: the realtime stats back to zero (MetaQ: counters are kept)   |
+| extra items   | registered by other parts of the broker (:meth:`Stats.add_item`): ``lag``, |
+|               | ``transactions`` (one line per open transaction)                          |
 
-A realtime stat is ``Count=c,Value=v,Value/Count=r,Count/Duration=r,Duration=s``; it is kept
-only for topics with ``stat=true`` and resets itself every 30 minutes, as in MetaQ.  Its key is
-a topic that exists (or, for a miss on a name that has no store, the name of the ``[topic=...]``
-section it matched: the dispatcher decides), so invented topic names never grow the map.
+A realtime stat is MetaQ's ``Count=c,Value=v,Value/Count=r,Count/Duration=r,Duration=s``:
+numbers as Java's ``DecimalFormat("#.##")`` prints them (``5``, ``1.25``), ``invalid`` for a
+ratio over zero, ``Duration`` whole seconds since the last reset.  An item nothing has been
+recorded for yet prints ``null``, and ``stats <topic>`` prints ``Invalid keyTwo:<topic>`` for a
+topic without stats for an item others have, exactly as MetaQ.  Realtime stats are kept only
+for topics with ``stat=true`` and zeroed every 30 minutes (keys kept), as in MetaQ.  What they
+count: ``put`` one per put request (Value = messages stored: 1, or a ``bput``'s count),
+``message_size`` one per message (Value = bytes), ``get`` one per answered get (Value 1),
+``get_miss`` one per 404/301 get reply, ``offset`` one per ``offset`` request, ``put_failed``
+one per failed put.  Their key is a topic that exists (or, for a miss on a name that has no
+store, the name of the ``[topic=...]`` section it matched: the dispatcher decides), so
+invented topic names never grow the map.
 
 Counters are bumped once per request (a batch put is one ``cmd_put``; ``total_messages`` and
-``realtime_message_size`` add the batch's count and bytes), so the cost is per batch.
+``realtime_message_size`` add the batch's count and bytes), so the cost is per batch.  They
+only grow (``reset`` leaves them, as MetaQ), so ``/metrics`` exposes them as counters; a part
+of the broker that needs one more (transactions: ``tx_begin``...) bumps ``counters[name]``.
 
 Thread-safety: not thread-safe; owned and used by the broker's event-loop thread only.
 """
@@ -35,13 +48,24 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
 
 from pymetaq.server.config import BrokerConfig
 
 VERSION = "pymetaq-0.1.0 (MetaQ 1.4 protocol)"
 REALTIME_ITEMS = ("put", "get", "offset", "get_miss", "put_failed", "message_size")
 REALTIME_RESET_S = 30 * 60
-HELP_ITEMS = ("(empty)", "topics", "offsets", "realtime", "<topic>", "config", "reset", "help")
+#: ``stats help``: MetaQ's six lines, then pymetaq's additions
+HELP_LINES = (
+    ("*EMPTY*", "Returns broker info."),
+    ("help", "Returns help menu."),
+    ("topics", "Returns topics statistics detail info."),
+    ("offsets", "Returns partitions detail info."),
+    ("realtime", "Returns realtime statistics detail info."),
+    ("config", "Returns broker's config file content."),
+    ("reset", "Resets realtime statistics."),
+    ("<topic>", "Returns one topic's statistics detail info."),
+)
 COUNTERS = (
     "cmd_put",
     "cmd_get",
@@ -78,12 +102,24 @@ class Realtime:
         self.value = 0
 
     def describe(self, duration_s: float) -> str:
-        d = max(duration_s, 1e-9)
-        ratio = self.value / self.count if self.count else 0.0
+        """MetaQ's ``MetaStatLog.formatOutput``."""
+        duration = int(duration_s)
+        per_count = java_decimal(self.value / self.count) if self.count else "invalid"
+        per_second = java_decimal(self.count / duration) if duration else "invalid"
         return (
-            f"Count={self.count},Value={self.value},Value/Count={ratio:.2f},"
-            f"Count/Duration={self.count / d:.2f},Duration={int(duration_s)}"
+            f"Count={java_decimal(self.count)},Value={java_decimal(self.value)},"
+            f"Value/Count={per_count},Count/Duration={per_second},Duration={duration}"
         )
+
+
+def java_decimal(x: float) -> str:
+    """``new DecimalFormat("#.##").format(x)``: at most two decimals, HALF_EVEN on the double's
+    exact value, no trailing zeros."""
+    d = Decimal(x).quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN)
+    text = f"{d:f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
 
 
 class Stats:
@@ -100,14 +136,18 @@ class Stats:
         self.curr_connections = 0
         self._realtime: dict[tuple[str, str], Realtime] = {}
         self._realtime_since = clock()
+        self._extra: dict[str, tuple[str, Callable[[], list[str]]]] = {}
+
+    def add_item(self, item: str, help_text: str, lines: Callable[[], list[str]]) -> None:
+        """Answer ``stats <item>`` with ``lines()`` (a pymetaq extension, listed by ``help``)."""
+        self._extra[item] = (help_text, lines)
 
     # -- recording (event-loop thread) -------------------------------------------------------
     def realtime(self, item: str, topic: str, value: int = 1, count: int = 1) -> None:
         """Add ``count`` events of ``item`` (``put``, ``get`` ...) totalling ``value``."""
         now = self._clock()
         if now - self._realtime_since >= REALTIME_RESET_S:
-            self._realtime.clear()
-            self._realtime_since = now
+            self.reset()
         key = (item, topic)
         stat = self._realtime.get(key)
         if stat is None:
@@ -120,8 +160,10 @@ class Stats:
         return set(self._realtime)
 
     def reset(self) -> None:
-        self.counters = dict.fromkeys(COUNTERS, 0)
-        self._realtime.clear()
+        """MetaQ's ``resetRealTimeStat``: every realtime stat back to zero (its key kept, so it
+        prints ``Count=0`` rather than ``null``); the counters are not touched."""
+        for stat in self._realtime.values():
+            stat.count = stat.value = 0
         self._realtime_since = self._clock()
 
     # -- rendering ---------------------------------------------------------------------------
@@ -140,7 +182,10 @@ class Stats:
             self.reset()
             lines = ["reset ok"]
         elif item == "help":
-            lines = [f"{name}" for name in HELP_ITEMS]
+            lines = [f"{name} {text}" for name, text in HELP_LINES]
+            lines += [f"{name} {text}" for name, (text, _) in self._extra.items()]
+        elif item in self._extra:
+            lines = self._extra[item][1]()
         elif item == "":
             lines = self._general(config, port, partitions)
         elif item == "topics":
@@ -151,10 +196,7 @@ class Stats:
                 for p in sorted(partitions, key=lambda p: (p.topic, p.partition))
             ]
         elif item == "realtime":
-            lines = [
-                f"realtime_{name} {self._sum(name, None).describe(self._duration())}"
-                for name in REALTIME_ITEMS
-            ]
+            lines = [f"realtime_{name} {self._grouped(name, None)}" for name in REALTIME_ITEMS]
         else:
             lines = self._topic(item, config, partitions)
         return ("STATS\r\n" + "".join(line + "\r\n" for line in lines) + "END\r\n").encode()
@@ -162,13 +204,22 @@ class Stats:
     def _duration(self) -> float:
         return self._clock() - self._realtime_since
 
-    def _sum(self, name: str, topic: str | None) -> Realtime:
-        total = Realtime()
+    def _grouped(self, name: str, topic: str | None) -> str:
+        """MetaQ's ``getGroupedRealTimeStatResult(name[, topic])``."""
+        total, seen, seen_topic = Realtime(), False, False
         for (item, t), stat in self._realtime.items():
-            if item == name and (topic is None or t == topic):
+            if item != name:
+                continue
+            seen = True
+            if topic is None or t == topic:
+                seen_topic = True
                 total.count += stat.count
                 total.value += stat.value
-        return total
+        if not seen:
+            return "null"
+        if not seen_topic:
+            return f"Invalid keyTwo:{topic}"
+        return total.describe(self._duration())
 
     def _general(
         self, config: BrokerConfig, port: int, partitions: Sequence[PartitionInfo]
@@ -217,17 +268,13 @@ class Stats:
         tc = config.topic_config(topic)
         code = 0 if parts else (2 if tc is not None else 1)
         lines = [
-            f"topic {topic}",
+            topic,  # MetaQ: the name alone on the first line
             f"resultCode {code}",
             f"partitions {tc.num_partitions if tc is not None else 0}",
             f"message_count {sum(p.message_count for p in parts)}",
             f"bytes {sum(p.message_bytes for p in parts)}",
         ]
-        duration = self._duration()
-        lines += [
-            f"topic_realtime_{name} {self._sum(name, topic).describe(duration)}"
-            for name in REALTIME_ITEMS
-        ]
+        lines += [f"topic_realtime_{name} {self._grouped(name, topic)}" for name in REALTIME_ITEMS]
         return lines
 
 

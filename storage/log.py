@@ -70,6 +70,7 @@ from pymetaq.storage.errors import (
 )
 from pymetaq.storage.highwater import HighWater
 from pymetaq.storage.ids import IdWorker
+from pymetaq.storage.metrics import StoreMetrics
 from pymetaq.storage.results import AppendResult, DurableCallback, ReadResult, ReadStatus
 from pymetaq.storage.scan import TailState, tail_crc
 from pymetaq.storage.segment import NEW_SUFFIX, FileRegion, Segment, segment_path
@@ -116,12 +117,14 @@ class PartitionLog:
         *,
         high_water: HighWater | None = None,
         space: SpaceGuard | None = None,
+        metrics: StoreMetrics | None = None,
     ) -> None:
         self.topic, self.partition, self.directory = topic, partition, directory
         self.config = config
         self._store, self._disk, self._ids, self._flusher = store, disk, ids, flusher
         self._high_water = high_water
         self._space = space
+        self._metrics = metrics
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync at a time (flusher, loop, close)
         self._view: tuple[tuple[Segment, ...], list[int]] = ((), [])
@@ -130,6 +133,7 @@ class PartitionLog:
         self.max_offset = self.write_offset  # everything on disk at open is durable
         self.message_count = 0
         self.message_bytes = 0
+        self._synced_count = 0  # message_count covered by the last sync (metrics)
         self._waiters: list[tuple[AppendResult, DurableCallback]] = []
         self._acked_unflushed = 0  # acknowledged, not yet covered by an fsync (threshold)
         self._flush_asked = False  # threshold mode: an early fsync was requested
@@ -338,6 +342,8 @@ class PartitionLog:
                 return
             waiters, self._waiters = self._waiters, []
             flushed = self._acked_unflushed
+            count, before = self.message_count, self.max_offset
+        started = time.perf_counter()
         try:
             self._finish_segments(work)
         except _Retry as e:  # nothing is lost: the same work is retried shortly
@@ -362,6 +368,11 @@ class PartitionLog:
             self._acked_unflushed -= flushed
             listeners = list(self._listeners)
         self._retry_warned = False
+        if self._metrics is not None:
+            self._metrics.sync_round(
+                time.perf_counter() - started, target - before, count - self._synced_count
+            )
+            self._synced_count = count
         for result, cb in waiters:
             cb(result, None)
         if advanced:

@@ -49,6 +49,7 @@ from pymetaq.storage.flusher import Flusher
 from pymetaq.storage.highwater import HighWater
 from pymetaq.storage.ids import IdWorker
 from pymetaq.storage.log import PartitionLog
+from pymetaq.storage.metrics import StoreMetrics
 from pymetaq.storage.recovery import RecoveryReport, open_segments
 from pymetaq.storage.retention import RetentionAction, apply_retention
 from pymetaq.storage.scan import TailState
@@ -97,6 +98,8 @@ class MessageStoreManager:
         self._disk: Disk = disk or MmapDisk()
         self.ids = IdWorker(config.broker_id, id_clock) if id_clock else IdWorker(config.broker_id)
         self._flusher = Flusher()
+        #: fsync latency, group-commit batches, retention (read by the broker's monitoring)
+        self.metrics = StoreMetrics()
         self._lock = threading.Lock()
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._by_dir: dict[tuple[int, int], PartitionLog] = {}  # (dev, inode) -> its one log
@@ -236,6 +239,7 @@ class MessageStoreManager:
             self._flusher,
             high_water=high_water,
             space=self._space_for(root),
+            metrics=self.metrics,
         )
         self._logs[(topic, partition)] = plog
         st = os.stat(directory)
@@ -325,6 +329,7 @@ class MessageStoreManager:
             if plog.closed or (delete_when is not None and plog.config.delete_when != delete_when):
                 continue
             actions += apply_retention(plog, plog.config.delete_policy, now, self._disk)
+        self.metrics.retention_run([(a.kind.value, a.size) for a in actions])
         return actions
 
     def _retention_loop(self) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from tests._helpers import require_integration, wait_for
 
 _LISTEN = re.compile(r"listening on ([^\s:]+):(\d+)")
+_HTTP = re.compile(r"dashboard and /metrics on (http://\S+/)")
 START_TIMEOUT_S = 60.0
 #: ``python -c`` prologue: lower RLIMIT_NOFILE, then run the CLI module as ``-m`` would
 _LIMITED = (
@@ -47,6 +48,7 @@ DEFAULT_SYSTEM: dict[str, Any] = {
     "numPartitions": 1,
     "unflushThreshold": 0,
     "unflushInterval": 10000,
+    "dashboardHttpPort": 0,  # off: tests that want it pass a free port
 }
 
 
@@ -122,6 +124,14 @@ class BrokerProcess:
     @property
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
+
+    @property
+    def http_url(self) -> str:
+        """``http://host:port/`` of the dashboard and ``/metrics`` (``dashboardHttpPort``)."""
+        match = _HTTP.search(self.log_text())
+        if match is None:
+            raise AssertionError(f"the broker logged no dashboard address:\n{self.log_text()}")
+        return match.group(1)
 
     @property
     def data_path(self) -> Path:

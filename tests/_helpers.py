@@ -12,6 +12,7 @@ say which test is running). Outside pytest (the benchmarks) it does nothing.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -51,3 +52,12 @@ def require_integration(what: str) -> None:
             f"{nodeid} starts {what} but is not marked integration "
             "(add `pytestmark = pytest.mark.integration` to its module)"
         )
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a listener that cannot take port 0, such as
+    ``dashboardHttpPort``, where 0 means off)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

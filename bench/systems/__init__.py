@@ -1,5 +1,6 @@
 """The systems the suite knows, by name: ``pymetaq``, ``redis`` (Streams), ``nats`` (JetStream),
-and ``null`` (the harness floor, opt-in).
+``null`` (the harness floor, opt-in) and ``pymetaq-nometrics`` (pymetaq with its HTTP port off,
+opt-in: ``--systems pymetaq,pymetaq-nometrics`` measures what ``/metrics`` costs).
 
 A system module is imported only when it is asked for, so a missing client library of one peer
 never stops the others (it becomes a skip note).
@@ -14,6 +15,7 @@ from bench.systems.base import System
 
 _MODULES = {
     "pymetaq": ("bench.systems.pymetaq_sys", "PymetaqSystem"),
+    "pymetaq-nometrics": ("bench.systems.pymetaq_sys", "PymetaqNoMetricsSystem"),
     "redis": ("bench.systems.redis_sys", "RedisSystem"),
     "nats": ("bench.systems.nats_sys", "NatsSystem"),
     "null": ("bench.systems.null_sys", "NullSystem"),

@@ -49,6 +49,7 @@ import shutil
 import sys
 import threading
 import time
+import urllib.request
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,7 @@ SERVER_INI = """\
 brokerId=0
 hostName=127.0.0.1
 serverPort={port}
+dashboardHttpPort={http_port}
 dataPath={data}
 numPartitions={partitions}
 unflushThreshold=0
@@ -111,7 +113,12 @@ unflushInterval=1000
 
 
 class PymetaqSystem(System):
+    """``pymetaq``: the broker with its HTTP port on and ``/metrics`` scraped every
+    ``SCRAPE_S`` (15x Prometheus's default rate) during every case; ``pymetaq-nometrics``: the
+    same broker with ``dashboardHttpPort=0`` - the two in one run measure what monitoring costs."""
+
     name = "pymetaq"
+    metrics = True
     modes = (
         Mode("group", GROUP),
         Mode("threshold", THRESHOLD),
@@ -126,6 +133,7 @@ class PymetaqSystem(System):
         self._ids = itertools.count()
         self._client: Any = None  # the pymetaq.client module, once available
         self._offsets: Any = None  # pymetaq.offsets.FileOffsetStore
+        self._scraper: Scraper | None = None
 
     def start(self, workdir: Path) -> None:
         self._client, self._offsets = _import_clients()
@@ -134,13 +142,24 @@ class PymetaqSystem(System):
         data = self._workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
         self._port = free_port()
+        http_port = free_port() if self.metrics else 0
         ini = self._workdir / "server.ini"
-        ini.write_text(SERVER_INI.format(port=self._port, data=data, partitions=PARTITIONS))
+        ini.write_text(
+            SERVER_INI.format(
+                port=self._port, http_port=http_port, data=data, partitions=PARTITIONS
+            )
+        )
         argv = [*argv0, "server", "-f", str(ini)]
         self._server = ServerProcess(argv, self._workdir / "broker.log", self._port, self._workdir)
         self._server.wait_ready()
+        if self.metrics:
+            self._scraper = Scraper(f"http://127.0.0.1:{http_port}/metrics")
+            self._scraper.start()
 
     def stop(self) -> None:
+        if self._scraper is not None:
+            self._scraper.stop()
+            self._scraper = None
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -435,6 +454,36 @@ def _recorder(rec: LatencyRecorder, scheduled: list[int]) -> Any:
                 rec.record(t, now)
 
     return done
+
+
+SCRAPE_S = 1.0
+
+
+class Scraper(threading.Thread):
+    """GETs ``/metrics`` every ``SCRAPE_S`` until stopped, as a (busy) Prometheus would."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(name="bench-scraper", daemon=True)
+        self.url = url
+        self.stopping = threading.Event()
+        self.scrapes = 0
+
+    def run(self) -> None:
+        while not self.stopping.wait(SCRAPE_S):
+            with urllib.request.urlopen(self.url, timeout=10) as reply:
+                reply.read()
+            self.scrapes += 1
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(15)
+        if self.scrapes == 0:
+            raise RuntimeError(f"{self.url} was never scraped")
+
+
+class PymetaqNoMetricsSystem(PymetaqSystem):
+    name = "pymetaq-nometrics"
+    metrics = False
 
 
 def _import_clients() -> tuple[Any, Any]:

@@ -10,11 +10,11 @@ Thread-safety: a process entry point.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from typing import Any
 
-from pymetaq.client.protocol import NEED_DATA, Parser, ResultReply, Role, StatsCommand, encode
+from pymetaq.client.cli.wire import round_trip
+from pymetaq.client.protocol import ResultReply, StatsCommand
 
 
 def add_parser(subparsers: Any) -> None:
@@ -27,20 +27,7 @@ def add_parser(subparsers: Any) -> None:
 
 def fetch_stats(host: str, port: int, item: str = "", timeout: float = 10.0) -> ResultReply:
     """One ``stats`` round trip."""
-    parser = Parser(Role.CLIENT)
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(encode(StatsCommand(item, 1)))
-        while True:
-            event = parser.next_event()
-            if event is not NEED_DATA:
-                break
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("broker closed the connection before replying")
-            parser.feed(chunk)
-    if not isinstance(event, ResultReply):
-        raise ConnectionError(f"unexpected reply {event!r}")
-    return event
+    return round_trip(host, port, StatsCommand(item, 1), timeout)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from pymetaq.client.protocol.model import (
     INT32_MIN,
     INT64_MAX,
     INT64_MIN,
+    AdminCommand,
     BatchPutCommand,
     Event,
     GetCommand,
@@ -34,6 +35,8 @@ from pymetaq.client.protocol.model import (
     SyncCommand,
     TransactionCommand,
     TransactionType,
+    TxAdminCommand,
+    TxAdminOp,
     ValueReply,
     VersionCommand,
 )
@@ -196,6 +199,19 @@ def _transaction(cmd: TransactionCommand) -> tuple[bytes, Body]:
     return _line(*head), b""
 
 
+def _admin(cmd: AdminCommand) -> tuple[bytes, Body]:
+    if not isinstance(cmd.args, tuple) or len(cmd.args) > 5:
+        raise LocalProtocolError("admin args must be a tuple of at most 5 strings")
+    args = [_s(a, "admin argument") for a in cmd.args]
+    return _line("admin", _s(cmd.action, "admin action"), *args, _i32(cmd.opaque, "opaque")), b""
+
+
+def _txadmin(cmd: TxAdminCommand) -> tuple[bytes, Body]:
+    if not isinstance(cmd.op, TxAdminOp):
+        raise LocalProtocolError(f"op must be a TxAdminOp, not {cmd.op!r}")
+    return _line("txadmin", cmd.op.value, _tx_key(cmd.tx_key), _i32(cmd.opaque, "opaque")), b""
+
+
 def _result(reply: ResultReply) -> tuple[bytes, Body]:
     body = _body(reply.body, "result body")
     return encode_result_header(reply.code, memoryview(body).nbytes, reply.opaque), body
@@ -216,6 +232,8 @@ _ENCODERS: dict[type, Callable[[Any], tuple[bytes, Body]]] = {
     VersionCommand: _version,
     QuitCommand: _quit,
     TransactionCommand: _transaction,
+    AdminCommand: _admin,
+    TxAdminCommand: _txadmin,
     ResultReply: _result,
     ValueReply: _value,
 }

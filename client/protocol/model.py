@@ -200,6 +200,24 @@ class TransactionCommand:
     opaque: int = 0
 
 
+class TxAdminOp(enum.Enum):
+    """pymetaq ``txadmin`` operations on a prepared XA branch (an operator's decision)."""
+
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    FORGET = "forget"
+
+
+@dataclass(frozen=True, slots=True)
+class TxAdminCommand:
+    """pymetaq ``txadmin <op> <txKey> <opaque>``: heuristic commit/rollback of a prepared XA
+    branch, or forget of a heuristic decision (the broker accepts it from loopback peers)."""
+
+    op: TxAdminOp
+    tx_key: str
+    opaque: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class SyncCommand:
     """``sync <topic> <partition> <len> <flag> <msgId> [<checksum>] <opaque>\\r\\n<data>``.
@@ -214,6 +232,16 @@ class SyncCommand:
     flag: int
     msg_id: int
     checksum: int | None = None
+    opaque: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AdminCommand:
+    """``admin <action> [<arg>...] <opaque>`` - pymetaq's operations extension (close/open a
+    partition, reload the config, slave status; see docs/protocol.md).  1 to 5 args."""
+
+    action: str
+    args: tuple[str, ...] = ()
     opaque: int = 0
 
 
@@ -246,7 +274,9 @@ Command: TypeAlias = (
     | VersionCommand
     | QuitCommand
     | TransactionCommand
+    | TxAdminCommand
     | SyncCommand
+    | AdminCommand
 )
 Reply: TypeAlias = ResultReply | ValueReply
 Event: TypeAlias = Command | Reply

@@ -15,6 +15,8 @@ followed by a body when the verb carries a length token:
 | version  | server | 1, 2     | -            |                        |
 | quit     | server | 1        | -            |                        |
 | transaction | server | 5, 6, 7 | -          |                        |
+| admin    | server | 3 .. 8   | -            |                        |
+| txadmin  | server | 4        | -            |                        |
 | result   | client | 4        | 2            | ``Limits.max_body``    |
 | value    | client | 3        | 1            | ``Limits.max_body``    |
 
@@ -54,6 +56,7 @@ from pymetaq.client.protocol.model import (
     INT64_MAX,
     INT64_MIN,
     MAX_OPAQUE,
+    AdminCommand,
     BatchPutCommand,
     Event,
     GetCommand,
@@ -68,6 +71,8 @@ from pymetaq.client.protocol.model import (
     SyncCommand,
     TransactionCommand,
     TransactionType,
+    TxAdminCommand,
+    TxAdminOp,
     ValueReply,
     VersionCommand,
 )
@@ -254,6 +259,21 @@ def _transaction(t: Tokens, body: Body) -> TransactionCommand:
     )
 
 
+def _admin(t: Tokens, body: Body) -> AdminCommand:
+    _need(t, 3, 4, 5, 6, 7, 8)
+    args = tuple(_str(token, "admin argument") for token in t[2:-1])
+    return AdminCommand(_str(t[1], "admin action"), args, _int(t[-1], "opaque"))
+
+
+def _txadmin(t: Tokens, body: Body) -> TxAdminCommand:
+    _need(t, 4)
+    try:
+        op = TxAdminOp(t[1].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise _Bad("unknown txadmin operation") from None
+    return TxAdminCommand(op, _tx_key(t[2]), _int(t[3], "opaque"))
+
+
 def _result(t: Tokens, body: Body) -> ResultReply:
     _need(t, 4)
     return ResultReply(_int(t[1], "code"), _body(body), _int(t[3], "opaque"))
@@ -281,6 +301,8 @@ _SERVER_VERBS: Final[dict[bytes, _Verb]] = {
     b"version": _Verb(_version),
     b"quit": _Verb(_quit),
     b"transaction": _Verb(_transaction),
+    b"admin": _Verb(_admin),
+    b"txadmin": _Verb(_txadmin),
 }
 _CLIENT_VERBS: Final[dict[bytes, _Verb]] = {
     b"result": _Verb(_result, 2),

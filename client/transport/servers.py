@@ -62,7 +62,8 @@ def parse_servers(servers: str | list[str] | tuple[str, ...]) -> list[tuple[str,
 
 
 def parse_stats(body: bytes | str) -> dict[str, str]:
-    """``STATS\\r\\n key value...\\r\\n ... END\\r\\n`` -> {key: rest-of-line}."""
+    """``STATS\\r\\n key value...\\r\\n ... END\\r\\n`` -> {key: rest-of-line}; lines without a
+    value are skipped."""
     text = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else body
     out: dict[str, str] = {}
     for line in text.splitlines():
@@ -70,5 +71,6 @@ def parse_stats(body: bytes | str) -> dict[str, str]:
         if not line or line in ("STATS", "END"):
             continue
         key, _, rest = line.partition(" ")
-        out.setdefault(key, rest.strip())
+        if rest.strip():  # ``stats <topic>`` starts with the bare name (MetaQ): not a key
+            out.setdefault(key, rest.strip())
     return out

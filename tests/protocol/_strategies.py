@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from pymetaq.client.protocol import (
     NEED_DATA,
+    AdminCommand,
     BatchPutCommand,
     Event,
     GetCommand,
@@ -26,6 +27,8 @@ from pymetaq.client.protocol import (
     SyncCommand,
     TransactionCommand,
     TransactionType,
+    TxAdminCommand,
+    TxAdminOp,
     ValueReply,
     VersionCommand,
     XidKey,
@@ -106,8 +109,10 @@ COMMANDS: st.SearchStrategy[Event] = st.one_of(
     st.builds(OffsetCommand, TOKEN, TOKEN, INT32, INT64, OPAQUE),
     st.builds(StatsCommand, st.just("") | TOKEN, OPAQUE),
     st.builds(VersionCommand, OPAQUE),
+    st.builds(AdminCommand, TOKEN, st.lists(TOKEN, max_size=5).map(tuple), OPAQUE),
     st.just(QuitCommand()),
     transactions(),
+    st.builds(TxAdminCommand, st.sampled_from(TxAdminOp), TX_KEY, OPAQUE),
     st.builds(SyncCommand, TOKEN, INT32, BODY, INT32, INT64, CHECKSUM, OPAQUE),
 )
 REPLIES: st.SearchStrategy[Event] = st.one_of(

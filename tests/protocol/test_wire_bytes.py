@@ -25,6 +25,8 @@ from pymetaq.client.protocol import (
     SyncCommand,
     TransactionCommand,
     TransactionType,
+    TxAdminCommand,
+    TxAdminOp,
     ValueReply,
     VersionCommand,
     encode,
@@ -106,6 +108,11 @@ SERVER_CASES: list[tuple[bytes, Event, bool]] = [
     (
         f"transaction {XID} {SESSION} BEGIN 60 XAMessageProducer-host1 13\r\n".encode(),
         TransactionCommand(XID, SESSION, TransactionType.BEGIN, 60, "XAMessageProducer-host1", 13),
+        True,
+    ),
+    (  # pymetaq extension: an operator's heuristic decision
+        f"txadmin commit {XID} 17\r\n".encode(),
+        TxAdminCommand(TxAdminOp.COMMIT, XID, 17),
         True,
     ),
     (

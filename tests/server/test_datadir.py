@@ -64,9 +64,7 @@ def test_a_second_broker_on_the_same_data_directory_is_refused(tmp_path: Path) -
 
 
 def test_an_in_process_broker_gets_a_startup_error(tmp_path: Path) -> None:
-    text = (
-        f"[system]\nserverPort=0\ndataPath={tmp_path}\n[zookeeper]\nzk.zkEnable=false\n[topic=t]\n"
-    )
+    text = f"[system]\nserverPort=0\ndashboardHttpPort=0\ndataPath={tmp_path}\n[zookeeper]\nzk.zkEnable=false\n[topic=t]\n"
     with Broker(parse_config(text, cwd=str(tmp_path))):
         second = Broker(parse_config(text, cwd=str(tmp_path)))
         with pytest.raises(StartupError, match="in use by another pymetaq process"):
@@ -168,4 +166,5 @@ def test_the_shipped_config_documents_the_new_key() -> None:
 
 def test_lock_file_is_not_a_partition(tmp_path: Path) -> None:
     with BrokerProcess.start(tmp_path, topics={"t": {}}) as broker:
-        assert sorted(os.listdir(broker.data_path)) == [".lock"]
+        # the lock file and the transaction journal (dataLogPath defaults to dataPath), no store
+        assert sorted(os.listdir(broker.data_path)) == [".lock", "transactions"]

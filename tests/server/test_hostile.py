@@ -176,7 +176,7 @@ def test_idle_connections_are_closed(tmp_path: Path) -> None:
 
 def test_handler_exception_is_500_and_the_broker_keeps_serving(tmp_path: Path) -> None:
     config = parse_config(
-        f"[system]\nserverPort=0\ndataPath={tmp_path}\nunflushThreshold=0\n"
+        f"[system]\nserverPort=0\ndashboardHttpPort=0\ndataPath={tmp_path}\nunflushThreshold=0\n"
         "[zookeeper]\nzk.zkEnable=false\n[topic=t]\n",
         cwd=str(tmp_path),
     )

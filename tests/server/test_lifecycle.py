@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from pymetaq.server.config import parse_config
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.record import iter_records
 from tests._broker import BrokerProcess, write_server_ini
+from tests._helpers import free_port
 from tests.server._helpers import Wire, put_line, wait_for
 
 pytestmark = pytest.mark.integration
@@ -110,7 +112,7 @@ def test_sighup_reloads_topic_sections(tmp_path: Path) -> None:
 
 def test_in_process_broker_context_manager(tmp_path: Path) -> None:
     config = parse_config(
-        f"[system]\nserverPort=0\ndataPath={tmp_path / 'd'}\nunflushThreshold=0\n"
+        f"[system]\nserverPort=0\ndashboardHttpPort=0\ndataPath={tmp_path / 'd'}\nunflushThreshold=0\n"
         "[zookeeper]\nzk.zkEnable=false\n[topic=t]\n",
     )
     with Broker(config) as broker:
@@ -164,7 +166,12 @@ def test_shipped_config_runs_standalone_with_data_under_the_working_directory(
 ) -> None:
     text = (Path(__file__).resolve().parents[2] / "conf" / "server.ini").read_text()
     text = text.replace("serverPort=8123", "serverPort=0")
+    http_port = free_port()
+    text = text.replace("dashboardHttpPort=8120", f"dashboardHttpPort={http_port}")
     with BrokerProcess.start(tmp_path, ini_text=text) as broker:
+        assert broker.http_url == f"http://127.0.0.1:{http_port}/"  # loopback by default
+        with urllib.request.urlopen(broker.http_url + "metrics", timeout=30) as reply:
+            assert b"pymetaq_build_info" in reply.read()
         assert f"(data: {broker.cwd / 'data'})" in broker.log_text()
         with Wire(broker.address) as w:
             assert put(w, "log-app", b"hello", 1, partition=1).code == 200

@@ -126,7 +126,8 @@ def test_gets_and_offsets_never_create_a_store(broker: BrokerProcess) -> None:
         ):
             got = w.call(line)
             assert isinstance(got, ResultReply) and got.code == 404, (n, line, got)
-    assert sorted(os.listdir(broker.data_path)) == [".lock"]
+    # the lock and the transaction journal (dataLogPath = dataPath), no partition store
+    assert sorted(os.listdir(broker.data_path)) == [".lock", "transactions"]
 
 
 def test_long_poll_on_a_missing_store_wakes_when_a_put_creates_it(broker: BrokerProcess) -> None:

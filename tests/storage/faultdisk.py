@@ -3,7 +3,9 @@
 It wraps the real :class:`MmapDisk` (so the broker works normally) and keeps, per file, the
 image that an fsync made durable.  :meth:`FaultDisk.crash` simulates a power loss: every open
 file is closed, and each file is rewritten to its durable image plus a torn (random-length)
-prefix of the last unsynced write — every other unsynced write is dropped.  Files whose
+prefix of the last unsynced write — every other unsynced write is dropped (a file that grows
+by appends, like the transaction journal, keeps the torn write at its position: the dropped
+writes before it read as zeros).  Files whose
 directory entry was never fsynced disappear.  Model simplifications: a file created and then
 covered by ``sync_dir`` exists with its preallocated size; unlink/rename are durable at once.
 """
@@ -154,6 +156,8 @@ class FaultDisk:
                 if st.pending:
                     pos, data = st.pending[-1]
                     keep = self.rng.randrange(len(data) + 1)
+                    if pos + keep > len(img):  # an appended file (the tx journal) grows; the
+                        img.extend(bytes(pos + keep - len(img)))  # dropped writes read as zeros
                     end = min(pos + keep, len(img))
                     img[pos:end] = data[: end - pos]
                     torn[path] = end - pos

@@ -18,11 +18,14 @@ SEG = 64 * 1024
 
 
 def expected_prefix(buf: bytes) -> tuple[int, int]:
-    """Independent reference: (valid end, record count) of a segment image."""
+    """Independent reference: (valid end, record count) of a segment image.
+
+    A record with message id 0 ends the data: no stored record has id 0, and a zero-filled
+    tail followed by junk can frame one (length 0, CRC 0) that must never be served."""
     pos = n = 0
     while pos + 20 <= len(buf):
-        length, crc = struct.unpack(">ii", buf[pos : pos + 8])
-        if buf[pos : pos + 20] == bytes(20):
+        length, crc, msg_id = struct.unpack(">iiq", buf[pos : pos + 16])
+        if buf[pos : pos + 20] == bytes(20) or msg_id == 0:
             break
         if length < 0 or pos + 20 + length > len(buf):
             break

@@ -1,0 +1,158 @@
+"""``pymetaq tx list|commit|rollback|forget``: operate on one broker's transactions.
+
+- ``list`` sends ``stats transactions`` and prints a table of the open transactions and the
+  heuristic decisions not yet forgotten;
+- ``commit KEY`` / ``rollback KEY`` decide a PREPARED XA branch heuristically (``txadmin``,
+  accepted by the broker from a loopback address only); the branch's coordinator later gets
+  XA_HEURCOM / XA_HEURRB for it, until ``forget KEY`` (or the coordinator's FORGET).
+
+``--server`` takes ``meta://host:port`` (or ``host:port``); exit code 0 on success, 1 when the
+broker refuses or cannot be reached (with its reason on stderr, no traceback).
+
+Thread-safety: a process entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from typing import Any
+
+from pymetaq.client.protocol import (
+    NEED_DATA,
+    Parser,
+    ResultReply,
+    Role,
+    StatsCommand,
+    TxAdminCommand,
+    TxAdminOp,
+    encode,
+    parse_tx_key,
+)
+from pymetaq.client.protocol.errors import InvalidTxKey
+
+XA_NAMES = {
+    0: "XA_OK",
+    3: "XA_RDONLY",
+    6: "XA_HEURRB",
+    7: "XA_HEURCOM",
+    8: "XA_HEURHAZ",
+    104: "XA_RBOTHER",
+    106: "XA_RBTIMEOUT",
+    -3: "XAER_RMERR",
+    -4: "XAER_NOTA",
+    -5: "XAER_INVAL",
+    -6: "XAER_PROTO",
+    -7: "XAER_RMFAIL",
+    -8: "XAER_DUPID",
+}
+COLUMNS = ("KEY", "STATE", "XA", "MESSAGES", "BYTES", "AGE", "TIMEOUT", "PARTITIONS")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "tx", help="list a broker's transactions; decide prepared XA branches"
+    )
+    p.add_argument("action", choices=("list", "commit", "rollback", "forget"))
+    p.add_argument("key", nargs="?", help="the XA key (XID:<formatId>:<gtrid>:<bqual>:<qualifier>)")
+    p.add_argument(
+        "--server", default="meta://127.0.0.1:8123", help="meta://host:port (default %(default)s)"
+    )
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds (default %(default)s)")
+    p.set_defaults(func=run)
+
+
+def parse_server(text: str) -> tuple[str, int]:
+    """``meta://host:port`` or ``host:port`` -> (host, port); ValueError with a clear reason."""
+    rest = text[len("meta://") :] if text.startswith("meta://") else text
+    if "://" in rest:
+        raise ValueError(f"{text!r}: tx commands need meta://host:port")
+    if "," in rest:
+        raise ValueError(f"{text!r}: give one broker (transactions live on one broker)")
+    host, sep, port = rest.rstrip("/").rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r}: expected meta://host:port")
+    return host or "127.0.0.1", int(port)
+
+
+def call(address: tuple[str, int], request: Any, timeout: float) -> ResultReply:
+    """One request, one ``result`` reply."""
+    parser = Parser(Role.CLIENT)
+    with socket.create_connection(address, timeout=timeout) as sock:
+        sock.sendall(encode(request))
+        while (event := parser.next_event()) is NEED_DATA:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the broker closed the connection before replying")
+            parser.feed(chunk)
+    if not isinstance(event, ResultReply):
+        raise ConnectionError(f"unexpected reply {event!r}")
+    return event
+
+
+def describe_error(body: bytes) -> str:
+    text = body.decode("utf-8", "replace")
+    if text.startswith("XAException:code="):
+        code_text, _, msg = text[len("XAException:code=") :].partition(",msg=")
+        try:
+            code = int(code_text)
+        except ValueError:
+            return text
+        return f"{XA_NAMES.get(code, 'XA error')} ({code}): {msg}"
+    return text
+
+
+def rows(body: bytes) -> list[tuple[str, ...]]:
+    """The table rows of a ``stats transactions`` body."""
+    out: list[tuple[str, ...]] = []
+    for line in body.decode("utf-8", "replace").split("\r\n"):
+        tokens = line.split(" ")
+        if len(tokens) < 15 or line in ("STATS", "END"):
+            continue
+        key, kv = tokens[0], dict(zip(tokens[1::2], tokens[2::2]))
+        age = f"{int(kv.get('age_ms', '0')) / 1000:.1f}s"
+        timeout = f"{kv['timeout_s']}s" if kv.get("timeout_s", "0") != "0" else "-"
+        xa = "yes" if kv.get("xa") == "true" else "no"
+        out.append(
+            (key, kv["state"], xa, kv["messages"], kv["bytes"], age, timeout, kv["partitions"])
+        )
+    return out
+
+
+def table(data: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [COLUMNS, *data]) for i in range(len(COLUMNS))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [COLUMNS, *data]
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    prog = f"pymetaq tx {args.action}"
+    try:
+        address = parse_server(args.server)
+        if args.action == "list":
+            request: Any = StatsCommand("transactions", 1)
+        else:
+            if not args.key:
+                print(
+                    f"{prog}: give the XA key of the branch, e.g. XID:1:0a0b:0c:app",
+                    file=sys.stderr,
+                )
+                return 2
+            parse_tx_key(args.key)
+            request = TxAdminCommand(TxAdminOp(args.action), args.key, 1)
+        reply = call(address, request, args.timeout)
+    except (OSError, ValueError, InvalidTxKey) as exc:
+        print(f"{prog}: {args.server}: {exc}", file=sys.stderr)
+        return 1
+    if reply.code != 200:
+        print(f"{prog}: {describe_error(reply.body)}", file=sys.stderr)
+        return 1
+    if args.action == "list":
+        data = rows(reply.body)
+        print(table(data) if data else "no open transactions")
+        return 0
+    done = {"commit": "committed heuristically", "rollback": "rolled back heuristically"}
+    print(f"{args.key}: {done.get(args.action, 'forgotten')}")
+    return 0
