@@ -50,13 +50,20 @@ def __getattr__(name: str) -> object:
 
 
 def open_offset_store(spec: str) -> OffsetStore:
-    """``file:<path>`` | ``sqlite:///<path>`` | ``postgresql+psycopg://…`` | ``zk://host:port[/chroot]``."""
+    """``file:<path>`` | ``sqlite:///<path>`` | ``postgresql+psycopg://…`` |
+    ``zk://host:port[,host:port][/root]``.
+
+    A ``zk://`` spec means what it means everywhere else (``servers=``, ``pymetaq cluster``):
+    the ZooKeeper servers and the registry root (MetaQ's ``zk.zkRoot``, ``/meta`` when no path
+    is given), so offsets live under ``<root>/consumers/<group>/offsets``."""
     if spec.startswith("file:"):
         return FileOffsetStore(spec[len("file:") :])
     if spec.startswith(("sqlite", "postgresql")):
         return SqlOffsetStore(spec)
     if spec.startswith("zk://"):
+        from pymetaq.client.protocol.zk import parse_zk_url
         from pymetaq.offsets.zk import ZkOffsetStore
 
-        return ZkOffsetStore(spec[len("zk://") :])
+        url = parse_zk_url(spec)
+        return ZkOffsetStore(url.hosts, root=url.root)
     raise ValueError(f"unknown offset store {spec!r} (file:, sqlite:, postgresql+psycopg:, zk://)")

@@ -1,5 +1,5 @@
 """The client's ``pymetaq`` subcommands: ``produce``, ``consume``, ``offsets``, ``stats``, ``top``,
-``admin``.
+``admin``, ``cluster``.
 
 ``pymetaq.server.cli`` (which keeps ``main()``) imports this package and the server's own
 commands explicitly and calls :func:`add_parsers` once; each command module has
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pymetaq.client.cli import admin, consume, offsets, produce, stats, top
+from pymetaq.client.cli import admin, cluster, consume, offsets, produce, stats, top
 
 
 def add_parsers(subparsers: Any) -> None:
     """Register every client command on an ``ArgumentParser``'s subparsers."""
-    for command in (produce, consume, offsets, stats, top, admin):
+    for command in (produce, consume, offsets, stats, top, admin, cluster):
         command.add_parser(subparsers)

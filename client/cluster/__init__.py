@@ -20,14 +20,9 @@ Thread-safety: see each module.
 """
 
 from pymetaq.client.cluster.assignors import CONSIST, DEFAULT, STICKY, Assignor, get_assignor
-from pymetaq.client.cluster.discovery import BrokerDiscovery, PartitionRef, TopicView
+from pymetaq.client.cluster.discovery import BrokerDiscovery, TopicView
 from pymetaq.client.cluster.errors import ClusterError, ClusterUnavailable, MembershipConflict
-from pymetaq.client.cluster.group import (
-    GroupConfig,
-    GroupCoordinator,
-    TopicPartition,
-    make_consumer_id,
-)
+from pymetaq.client.cluster.group import GroupConfig, GroupCoordinator, make_consumer_id
 from pymetaq.client.cluster.session import RefreshLoop, connect
 
 __all__ = [
@@ -41,9 +36,7 @@ __all__ = [
     "GroupConfig",
     "GroupCoordinator",
     "MembershipConflict",
-    "PartitionRef",
     "RefreshLoop",
-    "TopicPartition",
     "TopicView",
     "connect",
     "get_assignor",

@@ -26,7 +26,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from pymetaq.client.cluster.errors import ClusterUnavailable
 from pymetaq.client.cluster.session import RefreshLoop
@@ -37,24 +37,12 @@ from pymetaq.client.protocol.zk import (
     decode_topic_broker,
     parse_broker_node,
     parse_meta_url,
-    partition_name,
 )
+from pymetaq.client.types import TopicPartition
 
 log = logging.getLogger("pymetaq.cluster")
 
 Side = Literal["pub", "sub"]
-
-
-class PartitionRef(NamedTuple):
-    """One partition of a topic on one broker."""
-
-    broker_id: int
-    partition: int
-
-    @property
-    def name(self) -> str:
-        """MetaQ's ``"<brokerId>-<partition>"``."""
-        return partition_name(self.broker_id, self.partition)
 
 
 @dataclass(frozen=True)
@@ -62,15 +50,15 @@ class TopicView:
     """What the registry says about one topic (immutable; compared by value)."""
 
     topic: str
-    partitions: tuple[PartitionRef, ...] = ()  # sorted by (broker_id, partition)
+    partitions: tuple[TopicPartition, ...] = ()  # sorted by (broker_id, partition)
     brokers: Mapping[int, str] = field(default_factory=dict)  # id -> meta://host:port
 
-    def url(self, p: PartitionRef) -> str:
+    def url(self, p: TopicPartition) -> str:
         return self.brokers[p.broker_id]
 
     @property
     def partition_names(self) -> list[str]:
-        return [p.name for p in self.partitions]
+        return [p.key for p in self.partitions]
 
     def __hash__(self) -> int:
         return hash((self.topic, self.partitions, tuple(sorted(self.brokers.items()))))
@@ -117,8 +105,25 @@ def read_topic(
         if url is not None:
             brokers[bid] = url
     ids = sorted(brokers if require_address else counts)
-    parts = tuple(PartitionRef(b, p) for b in ids for p in range(counts[b]))
+    parts = tuple(TopicPartition(topic, b, p) for b in ids for p in range(counts[b]))
     return TopicView(topic, parts, brokers)
+
+
+def read_masters(client: Any, paths: ZkPaths) -> dict[int, str]:
+    """Every broker id whose ``brokers/ids/<id>/master`` holds a valid ``meta://`` address."""
+    out: dict[int, str] = {}
+    for name in _children(client, paths.broker_ids, None):
+        if not name.isdigit():
+            continue
+        raw = _data(client, paths.broker_master(int(name)), None)
+        if raw is None:
+            continue
+        try:
+            parse_meta_url(raw)
+        except ValueError:
+            continue
+        out[int(name)] = raw.decode().strip()
+    return out
 
 
 def _broker_url(client: Any, paths: ZkPaths, nodes: list[BrokerNode], watch: Any) -> str | None:

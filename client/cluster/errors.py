@@ -1,18 +1,21 @@
-"""Errors of the cluster components.
+"""Errors of the cluster components (every one a :class:`~pymetaq.client.errors.MetaClientError`).
 
 ```
-ClusterError (retriable: bool)
-├── ClusterUnavailable   ZooKeeper cannot be reached, or kazoo is not installed
-└── MembershipConflict   another live session already holds our consumer id (never retriable)
+MetaClientError
+└── ClusterError (retriable: bool)
+    ├── ClusterUnavailable   ZooKeeper cannot be reached, or kazoo is not installed
+    └── MembershipConflict   another live session already holds our consumer id (never retriable)
 ```
 
-Thread-safe: plain exception classes.
+Thread-safety: plain exception classes.
 """
 
 from __future__ import annotations
 
+from pymetaq.client.errors import MetaClientError
 
-class ClusterError(Exception):
+
+class ClusterError(MetaClientError):
     """Base class of the cluster errors."""
 
     retriable: bool = False

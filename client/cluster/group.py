@@ -51,7 +51,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from pymetaq.client.cluster.assignors import Assignor, get_assignor
 from pymetaq.client.cluster.discovery import TopicView, read_topic
@@ -70,21 +70,10 @@ from pymetaq.client.protocol.zk import (
     decode_topics,
     encode_topics,
     parse_partition_name,
-    partition_name,
 )
+from pymetaq.client.types import TopicPartition
 
 log = logging.getLogger("pymetaq.cluster")
-
-
-class TopicPartition(NamedTuple):
-    topic: str
-    broker_id: int
-    partition: int
-
-    @property
-    def name(self) -> str:
-        """MetaQ's ``"<brokerId>-<partition>"``."""
-        return partition_name(self.broker_id, self.partition)
 
 
 Partitions = frozenset[TopicPartition]
@@ -397,7 +386,7 @@ class GroupCoordinator:
     def _claim(self, tp: TopicPartition, sid: int | None) -> bool:
         from kazoo.exceptions import NodeExistsError
 
-        path = self.paths.owner(self.config.group, tp.topic, tp.name)
+        path = self.paths.owner(self.config.group, tp.topic, tp.key)
         for _ in range(3):
             try:
                 self.client.create(path, self.me.encode(), ephemeral=True, makepath=True)
@@ -414,7 +403,7 @@ class GroupCoordinator:
         return False
 
     def _delete_owner(self, tp: TopicPartition, sid: int | None) -> None:
-        delete_if_owned(self.client, self.paths.owner(self.config.group, tp.topic, tp.name), sid)
+        delete_if_owned(self.client, self.paths.owner(self.config.group, tp.topic, tp.key), sid)
         self._nodes.discard(tp)
 
     def _leave(self) -> None:
@@ -449,4 +438,4 @@ class GroupCoordinator:
 
 
 def _fmt(parts: Partitions) -> str:
-    return ", ".join(f"{tp.topic}:{tp.name}" for tp in sorted(parts))
+    return ", ".join(f"{tp.topic}:{tp.key}" for tp in sorted(parts))

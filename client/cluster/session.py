@@ -60,14 +60,20 @@ def connect(
     Raises :class:`ClusterUnavailable` naming the hosts if no server answers in time."""
     zk_url = parse_zk_url(url) if isinstance(url, str) else url
     client = kazoo_client(zk_url.hosts, session_timeout_s=session_timeout_s)
+    start_client(client, zk_url.hosts, connect_timeout_s)
+    return client
+
+
+def start_client(client: Any, hosts: str, connect_timeout_s: float) -> None:
+    """Start a kazoo client; :class:`ClusterUnavailable` naming ``hosts`` (and the client
+    closed) if no server answers within ``connect_timeout_s``."""
     try:
         client.start(timeout=connect_timeout_s)
     except Exception as e:
         client.close()
         raise ClusterUnavailable(
-            f"cannot connect to ZooKeeper at {zk_url.hosts} within {connect_timeout_s:g} s: {e}"
+            f"cannot connect to ZooKeeper at {hosts} within {connect_timeout_s:g} s: {e}"
         ) from e
-    return client
 
 
 def session_id(client: Any) -> int | None:

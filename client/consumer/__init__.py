@@ -8,6 +8,8 @@
 | ``batch`` | ``MessageBatch`` / ``Messages``: fetched messages, built lazily |
 | ``state`` | one partition's ``PartitionState`` and MetaQ's fetch rules (pure functions) |
 | ``engine`` | ``ConsumerEngine``: positions, fetch rounds, poll, commits (both faces) |
+| ``ledger`` | ``PollLedger``: what the last poll returned, until it counts as consumed |
+| ``membership`` | ``Membership``: a ``zk://`` group's fenced hand-off wired into the engine |
 | ``face`` | ``ConsumerFace``: the constructor and non-blocking calls both faces share |
 | ``sync`` / ``aio`` | the thread face (``Consumer``) and the asyncio face (``AsyncConsumer``) |
 | ``recover`` | reject policies: the local recover spool (+ dead letters), drop |

@@ -75,6 +75,8 @@ class AsyncConsumer(ConsumerFace):
         return list(self._engine.states)
 
     async def assign(self, partitions: list[TopicPartition]) -> None:
+        """Own exactly ``partitions`` (no ZooKeeper group): commits released ones."""
+        self._check_manual_assign()
         await self.start()
         await self._engine.assign(partitions)
 
@@ -93,6 +95,10 @@ class AsyncConsumer(ConsumerFace):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._committer
         try:
+            if self.membership is not None and self._engine.opened:
+                # the application is done with its last poll; leaving commits everything
+                self._engine.mark_returned_consumed()
+                await asyncio.to_thread(self.membership.leave)
             if self._engine.opened and self.config.enable_auto_commit:
                 self._engine.mark_returned_consumed()
                 await asyncio.to_thread(self._engine.commit_now)

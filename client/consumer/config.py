@@ -88,6 +88,23 @@ class ConsumerConfig:
     max_poll_records: int = 0
     #: verify every record's CRC32 (MetaQ always does).
     verify_crc: bool = True
+    # -- ZooKeeper groups (``servers="zk://..."`` with a group) --------------------------------
+    #: how the group divides partitions: ``"DEFAULT"`` (MetaQ's range split), ``"CONSIST"``
+    #: (MetaQ's consistent hashing) or ``"STICKY"`` (pymetaq only: moves as few as possible).
+    strategy: str = "DEFAULT"
+    #: MetaQ's consumerId: the member registers as ``<group>_<consumer_id>``; default
+    #: ``<ip>-<pid>-<random>`` (unique per process).
+    consumer_id: str | None = None
+    #: the ZooKeeper session timeout asked for (MetaQ's zkSessionTimeoutMs): a crashed member's
+    #: partitions move after this long.
+    zk_session_timeout_ms: int = 30000
+    #: MetaQ's zkSyncTimeMs: how often a member retries claiming a partition whose previous
+    #: owner has not released it yet, and the delay after a failed rebalance round.
+    zk_sync_time_ms: int = 5000
+    #: poll mode: how long a rebalance waits for the application to come back to ``poll()``
+    #: (or ``commit()``/``close()``) with the last poll's messages of a partition it must give
+    #: up; after that the partition is released anyway and those messages are delivered again.
+    max_poll_interval_ms: int = 300000
 
     def __post_init__(self) -> None:
         if isinstance(self.initial_position, str):
@@ -100,6 +117,14 @@ class ConsumerConfig:
             raise ValueError("commit_interval_s and recover_interval_s must be > 0")
         if self.instance_id is not None:
             check_group(self.instance_id, what="instance_id")
+        if self.strategy.strip().upper() not in ("DEFAULT", "CONSIST", "STICKY"):
+            raise ValueError(
+                f"strategy must be 'DEFAULT', 'CONSIST' or 'STICKY', not {self.strategy!r}"
+            )
+        if self.zk_session_timeout_ms <= 0 or self.zk_sync_time_ms <= 0:
+            raise ValueError("zk_session_timeout_ms and zk_sync_time_ms must be > 0")
+        if self.max_poll_interval_ms < 0:
+            raise ValueError("max_poll_interval_ms must be >= 0")
 
 
 #: keyword names from before the units were in every name -> today's names (still accepted as

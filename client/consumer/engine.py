@@ -4,9 +4,14 @@ One engine serves both faces: :class:`~pymetaq.client.consumer.AsyncConsumer` ru
 application's event loop, :class:`~pymetaq.client.consumer.Consumer` on its own
 ``LoopThread`` (listener workers call :meth:`ConsumerEngine.fetch_ahead` through it).
 
-* ``open()`` learns the subscribed topics' partitions and, without ZooKeeper, owns all of
-  them; ``assign(partitions)`` is the seam group rebalancing will use (it commits released
-  partitions first, as MetaQ does before a rebalance).
+* ``open()`` learns the subscribed topics' partitions and, without a ZooKeeper group, owns
+  all of them; ``assign(partitions)`` is the manual seam (it commits released partitions
+  first, as MetaQ does before a rebalance).  With a ZooKeeper group (``membership`` set by
+  the face, :mod:`pymetaq.client.consumer.membership`) ``open()`` joins the group instead and
+  partitions come and go through the group's fenced hand-off: a partition being revoked or
+  whose session is in trouble is *fenced* (``PartitionState.fenced``: nothing more is
+  delivered from it), a lost one is *parked* (kept in :attr:`ConsumerEngine.parked`, its
+  position still counting messages the application already had).
 * ``fetch_ahead(state)`` (both modes) is a fetch round with read-ahead: when it buffers
   messages it sends the next ``get`` at once (``prefetch``: the raw reply, no state touched),
   and the next ``fetch_ahead`` applies that reply (or drops it if the partition was seeked
@@ -34,7 +39,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from pymetaq.client.consumer.batch import Messages, id_at, make_message, next_offset_at, offset_at
 from pymetaq.client.consumer.config import (
@@ -42,6 +47,7 @@ from pymetaq.client.consumer.config import (
     ConsumerConfig,
     InitialPosition,
 )
+from pymetaq.client.consumer.ledger import PollLedger
 from pymetaq.client.consumer.recover import RejectPolicy
 from pymetaq.client.consumer.scan import scan
 from pymetaq.client.consumer.state import PartitionState, Step, apply_scan, backoff
@@ -51,7 +57,12 @@ from pymetaq.client.consumer.transport import (
     FetchStatus,
     Prefetched,
 )
-from pymetaq.client.errors import NoCommittedOffset, NotAssigned, UndecodableRecord
+from pymetaq.client.errors import (
+    MetaClientError,
+    NoCommittedOffset,
+    NotAssigned,
+    UndecodableRecord,
+)
 from pymetaq.client.types import Message, TopicPartition
 from pymetaq.offsets import OffsetEntry, OffsetStore
 from pymetaq.storage.record import HEADER_SIZE
@@ -60,6 +71,15 @@ log = logging.getLogger("pymetaq.client.consumer")
 
 #: steps after which a fetch round continues at once (no result for the caller yet).
 _AGAIN = (Step.GROW, Step.SKIPPED, Step.RESYNC)
+
+
+class GroupSeat(Protocol):
+    """What the engine asks of its ZooKeeper group membership."""
+
+    def join(self) -> None:
+        """Register and start rebalancing (blocking; called in a worker thread)."""
+
+    def may_deliver(self, tp: TopicPartition) -> bool: ...
 
 
 def offset_entry(message: Message) -> OffsetEntry:
@@ -98,14 +118,20 @@ class ConsumerEngine:
             "commits": 0,
             "undecodable": 0,
         }
-        self._returned: dict[TopicPartition, tuple[int, int]] = {}
-        # marks of the last poll() result until its caller has it (claim) or lost it (rewind)
-        self._unclaimed: dict[TopicPartition, tuple[int, int, int]] = {}
+        #: what the last poll() returned, until it counts as consumed
+        self.ledger = PollLedger()
         self._tasks: dict[TopicPartition, asyncio.Task[Step]] = {}
         # read-ahead: the raw reply of the get after the buffered one (one per partition)
         self._ahead: dict[TopicPartition, asyncio.Task[Prefetched]] = {}
         self._rr = 0  # poll round-robin start
         self.opened = False
+        #: a ZooKeeper group's membership (the face sets it), else None
+        self.membership: GroupSeat | None = None
+        #: the loop the engine runs on (known from ``open()``)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        #: partitions lost with their session: their state, until they are assigned again
+        self.parked: dict[TopicPartition, PartitionState] = {}
+        self._assigned = asyncio.Event()  # partitions were added (poll stops waiting)
 
     @property
     def wire_group(self) -> str:
@@ -114,15 +140,25 @@ class ConsumerEngine:
     # ---------------------------------------------------------------- assignment
 
     async def open(self) -> None:
-        """Connect, learn partitions of the subscribed topics, own them all (no ZooKeeper)."""
+        """Connect; join the ZooKeeper group, or own every partition of the subscribed
+        topics (no group)."""
         if self.opened:
             return
+        self.loop = asyncio.get_running_loop()
         await self.transport.start()
+        if self.membership is not None:
+            await asyncio.to_thread(self.membership.join)
+            self.opened = True
+            return
         tps: list[TopicPartition] = []
         for topic in self.topics:
             tps.extend(await self.transport.partitions(topic))
         await self.assign(tps)
         self.opened = True
+
+    def notify_assigned(self) -> None:
+        """(loop) Partitions were added: a waiting poll starts fetching them at once."""
+        self._assigned.set()
 
     async def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Own exactly ``partitions``: commit and drop the others, position the new ones."""
@@ -134,12 +170,12 @@ class ConsumerEngine:
                 await asyncio.to_thread(self.commit_now, released)
             for tp in released:
                 del self.states[tp]
-                self._returned.pop(tp, None)
+                self.ledger.forget(tp)
         for tp in wanted:
             if tp not in self.states:
-                self.states[tp] = await self._position(tp)
+                self.states[tp] = await self.position_for(tp)
 
-    async def _position(self, tp: TopicPartition) -> PartitionState:
+    async def position_for(self, tp: TopicPartition) -> PartitionState:
         """The state of a newly owned partition: committed offset, else the initial scheme."""
         entry = None
         if self.group is not None and self.store is not None:
@@ -155,7 +191,15 @@ class ConsumerEngine:
         if scheme is InitialPosition.NONE:
             raise NoCommittedOffset(self.group or "", tp)
         target = 0 if scheme is InitialPosition.EARLIEST else END_OFFSET
-        offset = await self.transport.nearest_offset(tp, self.wire_group, target)
+        try:
+            offset = await self.transport.nearest_offset(tp, self.wire_group, target)
+        except MetaClientError as e:
+            if self.membership is None or scheme is not InitialPosition.EARLIEST:
+                raise
+            # a group member takes the partition anyway, at 0 as MetaQ does (the broker
+            # answers 301 with the first offset once it is reachable)
+            log.info("%s: cannot ask for the first offset (%s); starting at 0", tp, e)
+            offset = 0
         log.info(
             "%s: no committed offset for group %s, starting at %s (%s)",
             tp,
@@ -348,27 +392,17 @@ class ConsumerEngine:
     # ---------------------------------------------------------------- poll mode
 
     def claim(self) -> None:
-        """The caller received the last poll's messages: they count as consumed at the next
-        poll()/commit()."""
-        for tp, (pos, mid, _first) in self._unclaimed.items():
-            self._returned[tp] = (pos, mid)
-        self._unclaimed = {}
+        """The caller received the last poll's messages (see :mod:`.ledger`)."""
+        self.ledger.claim()
 
     def rewind_unclaimed(self) -> None:
-        """The caller never received the last poll's messages (interrupted): fetch them again."""
-        for tp, (_pos, _mid, first) in self._unclaimed.items():
-            st = self.states.get(tp)
-            if st is not None:
-                st.request_seek(first)
-        self._unclaimed = {}
+        """The caller never received the last poll's messages: fetch them again."""
+        self.ledger.rewind(self.states.get)
 
     def mark_returned_consumed(self) -> None:
-        """Poll semantics: what the previous poll returned now counts as consumed."""
-        for tp, (pos, mid) in self._returned.items():
-            st = self.states.get(tp)
-            if st is not None and st.pending_seek is None:
-                st.advance(pos, mid)
-        self._returned.clear()
+        """Poll semantics: what the previous poll returned now counts as consumed (also for
+        a parked partition: its position is kept for a re-assignment)."""
+        self.ledger.mark_consumed(lambda tp: self.states.get(tp) or self.parked.get(tp))
 
     async def poll(self, timeout_s: float, max_records: int = 0) -> Messages:
         """Return buffered or newly fetched messages; ``[]`` after ``timeout_s``.
@@ -388,11 +422,17 @@ class ConsumerEngine:
             if out:
                 return out
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._tasks:
+            if remaining <= 0:
                 return out
-            await asyncio.wait(
-                list(self._tasks.values()), timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-            )
+            waiters: list[asyncio.Future[Any]] = list(self._tasks.values())
+            if self.membership is not None:  # a rebalance may add partitions meanwhile
+                self._assigned.clear()
+                waiters.append(asyncio.ensure_future(self._assigned.wait()))
+            if not waiters:
+                return out
+            await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            if self.membership is not None:
+                waiters[-1].cancel()
             self._reap()
 
     def _drain(self, limit: int) -> Messages:
@@ -402,7 +442,7 @@ class ConsumerEngine:
         n = len(states)
         for i in range(n):
             st = states[(self._rr + i) % n]
-            if st.buffered == 0 or st.tp in self._tasks:
+            if st.buffered == 0 or st.tp in self._tasks or st.fenced:
                 continue
             take = st.buffer[st.index : st.index + limit - count]
             st.index += len(take)
@@ -415,7 +455,7 @@ class ConsumerEngine:
                 pos = offset_at(st.buffer, st.index)
             else:
                 pos = next_offset_at(take, last)
-            self._unclaimed[st.tp] = (pos, id_at(take, last), offset_at(take, 0))
+            self.ledger.note(st.tp, pos, id_at(take, last), offset_at(take, 0))
             if count >= limit:
                 self._rr = (self._rr + i + 1) % n
                 break
@@ -425,7 +465,7 @@ class ConsumerEngine:
         """Keep one fetch in flight for every partition whose buffer is empty."""
         self._reap()
         for st in self.states.values():
-            if st.buffered == 0 and st.tp not in self._tasks:
+            if st.buffered == 0 and st.tp not in self._tasks and not st.fenced:
                 self._tasks[st.tp] = asyncio.ensure_future(self._delayed_round(st))
 
     async def _delayed_round(self, st: PartitionState) -> Step:

@@ -11,6 +11,12 @@
 it); without a ``reject_policy``, ``LocalRecoverPolicy(recover_dir, recover_interval_s)``.
 ``transport`` replaces the network (tests pass an in-memory one).
 
+``servers="zk://host:port[,host:port][/root]"``: brokers come from ZooKeeper (``topics-sub``)
+and a grouped consumer joins its group there (:mod:`pymetaq.client.consumer.membership`);
+its default offset store is then ZooKeeper itself (MetaQ's default,
+``<root>/consumers/<group>/offsets``), except for broadcast consumers, which keep MetaQ's
+local file.
+
 Thread-safety: the values set here are immutable after construction; see each face.
 """
 
@@ -21,11 +27,15 @@ from typing import Any, Self
 
 from pymetaq.client.consumer.config import ConsumerConfig, effective_group, make_config
 from pymetaq.client.consumer.engine import ConsumerEngine
+from pymetaq.client.consumer.membership import Membership
 from pymetaq.client.consumer.recover import LocalRecoverPolicy, RejectPolicy
+from pymetaq.client.consumer.state import PartitionState
 from pymetaq.client.consumer.transport import BrokerTransport, ConsumerTransport
 from pymetaq.client.errors import ConsumerError
+from pymetaq.client.transport.zkbrokers import ZkBrokerSet
 from pymetaq.client.types import TopicPartition
 from pymetaq.offsets import FileOffsetStore, OffsetStore
+from pymetaq.offsets.zk import ZkOffsetStore
 
 
 class ConsumerFace:
@@ -44,22 +54,56 @@ class ConsumerFace:
     ) -> None:
         cfg = make_config(config, overrides)
         eff = effective_group(group, cfg)
+        tr = transport if transport is not None else BrokerTransport(servers, cfg)
+        brokers = getattr(tr, "brokers", None)
+        zk_set = brokers if isinstance(brokers, ZkBrokerSet) else None
         self._owns_store = False
         if eff is None:
             offset_store = None
         elif offset_store is None:
-            offset_store = FileOffsetStore(Path.home() / ".pymetaq_offsets")
+            if zk_set is not None and not cfg.broadcast:
+                offset_store = ZkOffsetStore(client=zk_set.zk, root=zk_set.url.root)
+            else:
+                offset_store = FileOffsetStore(Path.home() / ".pymetaq_offsets")
             self._owns_store = True
         policy = reject_policy or LocalRecoverPolicy(cfg.recover_dir, cfg.recover_interval_s)
-        tr = transport if transport is not None else BrokerTransport(servers, cfg)
         self._engine = ConsumerEngine(tr, eff, offset_store, cfg, policy)
         self.config = cfg
         #: the group offsets are kept under (``<group>-<instance>`` when broadcast), or None
         self.group = eff
+        #: the ZooKeeper group membership (``zk://`` servers and a group), else None
+        self.membership: Membership | None = None
+        if zk_set is not None and eff is not None:
+            self.membership = Membership(
+                self._engine,
+                zk_set.zk,
+                root=zk_set.url.root,
+                group=eff,
+                config=cfg,
+                quiesce=self._group_quiesce,
+                assigned=self._group_assigned,
+                follow=zk_set.follow,
+            )
+            self._engine.membership = self.membership
         self._setup()
 
     def _setup(self) -> None:
         """Each face's own state (called at the end of the shared constructor)."""
+
+    def _group_quiesce(self, parts: frozenset[TopicPartition]) -> None:
+        """(coordinator thread) Return once nothing of ``parts`` (fenced) is being delivered.
+        Poll mode needs nothing here: the engine waits for the application's next poll."""
+
+    def _group_assigned(self, states: list[PartitionState]) -> None:
+        """(coordinator thread) ``states`` were added by a rebalance (poll mode: the engine's
+        poll picks them up by itself)."""
+
+    def _check_manual_assign(self) -> None:
+        if self.membership is not None:
+            raise ConsumerError(
+                "assign() is for consumers without a ZooKeeper group: this one's partitions "
+                f"are given by group {self.group!r}"
+            )
 
     def subscribe(self, topic: str) -> Self:
         """Consume ``topic`` (before the first poll/start)."""

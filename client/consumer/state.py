@@ -52,6 +52,9 @@ class PartitionState:
     #: rejected undecodable records not yet passed by the position: offset -> (the offset
     #: after it, its id); the position jumps over them once it reaches them
     skips: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: ZooKeeper groups: the partition is being revoked or the session is in trouble — deliver
+    #: nothing more from it (set from any thread; workers check it before each message)
+    fenced: bool = False
 
     def __post_init__(self) -> None:
         if self.position < 0:

@@ -18,8 +18,10 @@ committed every ``commit_interval_s`` seconds, before a partition is released an
 only past processed messages). A listener exception is retried (``delay = max_delay/10 x
 attempt``); after ``1 + max_fetch_retries`` attempts the message goes to the reject policy
 (default: the local recover spool, redelivered every ``recover_interval_s``) and the partition
-moves on. Without ZooKeeper a consumer owns every partition of its topics; ``assign()`` is the
-seam for group rebalancing (cluster issue).
+moves on. With ``meta://`` servers a consumer owns every partition of its topics (``assign()``
+picks others); with ``zk://`` servers and a group it gets its share through ZooKeeper, and a
+listener is never called for a partition it no longer owns (see
+:mod:`pymetaq.client.consumer.membership`).
 
 Throughput: a fetch buffers one reply (up to ``fetch_max_size``, 1 MiB = MetaQ's
 ``maxTransferSize``) and sends the next ``get`` at once (read-ahead), so the network and the
@@ -105,7 +107,13 @@ class Consumer(ConsumerFace):
         self._lock = threading.Lock()
         self._schedule = _Schedule()
         self._workers: list[threading.Thread] = []
-        self._inflight: set[concurrent.futures.Future[Any]] = set()
+        #: fetches submitted by workers, and the partition of each (a revoke cancels them)
+        self._inflight: dict[concurrent.futures.Future[Any], TopicPartition] = {}
+        #: states in the schedule or in a worker's hands (a state is scheduled once)
+        self._scheduled: set[PartitionState] = set()
+        #: partitions a worker is processing now, and the condition a revoke waits on
+        self._busy: set[TopicPartition] = set()
+        self._busy_cond = threading.Condition()
         self._stop = threading.Event()
         self._stopping = False  # mirrors _stop for the per-message check (no call)
         self._committer: threading.Thread | None = None
@@ -146,8 +154,8 @@ class Consumer(ConsumerFace):
                 return
             self._started = True
             self._engine.reject_policy.bind(self.group or UNGROUPED_GROUP, self._listeners)
-            for st in self._engine.states.values():
-                self._schedule.put(st)
+            for st in list(self._engine.states.values()):
+                self._schedule_once(st)
             n = self.config.fetch_runner_count or min(
                 len(self._engine.states), os.cpu_count() or 1, 8
             )
@@ -158,23 +166,46 @@ class Consumer(ConsumerFace):
 
     # ---------------------------------------------------------------- listener mode
 
+    def _schedule_once(self, st: PartitionState) -> None:
+        """Put ``st`` in the schedule unless it is there or being worked on."""
+        with self._busy_cond:
+            if st in self._scheduled:
+                return
+            self._scheduled.add(st)
+        self._schedule.put(st)
+
+    def _current(self, st: PartitionState) -> bool:
+        """``st`` is still the state of its partition and may be delivered."""
+        return self._engine.states.get(st.tp) is st and not st.fenced
+
     def _work(self) -> None:
         while True:
             st = self._schedule.take()
             if st is None:
                 return
-            if st.tp not in self._engine.states:
-                continue  # released by assign()
+            with self._busy_cond:
+                if not self._current(st):  # released (assign, revoke) or fenced
+                    self._scheduled.discard(st)
+                    continue
+                self._busy.add(st.tp)
             delay = 0.0
             try:
                 delay = self._process(st)
             except concurrent.futures.CancelledError:
-                return
+                if self._stop.is_set():
+                    return
             except Exception:
                 log.exception("%s: fetch worker failed", st.tp)
                 delay = self.config.max_delay_fetch_ms / 1000
-            if not self._stop.is_set():
-                self._schedule.put(st, delay)
+            finally:
+                with self._busy_cond:
+                    self._busy.discard(st.tp)
+                    self._busy_cond.notify_all()
+            with self._busy_cond:
+                if self._stop.is_set() or not self._current(st):
+                    self._scheduled.discard(st)
+                    continue
+            self._schedule.put(st, delay)
 
     def _process(self, st: PartitionState) -> float:
         st.apply_pending_seek()
@@ -182,14 +213,37 @@ class Consumer(ConsumerFace):
             # with read-ahead: the next get is sent before this returns, and its reply is
             # read while the listener runs (at most one reply ahead per partition)
             fut = self._lt.submit(self._engine.fetch_ahead(st))
-            self._inflight.add(fut)
+            self._inflight[fut] = st.tp
             try:
                 fut.result()
             finally:
-                self._inflight.discard(fut)
+                self._inflight.pop(fut, None)
             if st.buffered == 0:
                 return float(st.delay_ms) / 1000
         return self._deliver(st)
+
+    def _group_quiesce(self, parts: frozenset[TopicPartition]) -> None:
+        """Cancel the workers' fetches of ``parts`` (fenced already) and wait until no worker
+        is delivering them (a listener call in progress finishes first), up to
+        ``max_poll_interval_ms``."""
+        for fut, tp in list(self._inflight.items()):
+            if tp in parts:
+                fut.cancel()
+        wait = self.config.max_poll_interval_ms / 1000.0
+        with self._busy_cond:
+            if not self._busy_cond.wait_for(lambda: not (self._busy & parts), wait):
+                log.warning(
+                    "a listener of %s did not return within max_poll_interval_ms=%s; "
+                    "releasing the partitions anyway",
+                    ", ".join(sorted(map(str, self._busy & parts))),
+                    self.config.max_poll_interval_ms,
+                )
+
+    def _group_assigned(self, states: list[PartitionState]) -> None:
+        with self._lock:
+            if self._started:
+                for st in states:
+                    self._schedule_once(st)
 
     def _deliver(self, st: PartitionState) -> float:
         """Call the listener for each buffered message in order; the delay before the next
@@ -202,15 +256,25 @@ class Consumer(ConsumerFace):
         listener = self._listeners[st.tp.topic]
         buf = st.buffer
         n = len(buf)
+        fenced = self.membership is not None  # a group: check the fence before each message
         while st.index < n:
-            if self._stopping or st.pending_seek is not None:
+            if self._stopping or st.pending_seek is not None or st.fenced:
                 return 0.0
             i = st.index
             j = min(i + _CHUNK, n)
             it = iter(buf[i:j])
             try:
-                for m in it:
-                    listener(m)
+                if fenced:
+                    for m in it:
+                        if st.fenced:  # revoked or session trouble: stop at once
+                            k = j - 1 - sum(1 for _ in it)  # m's index (not delivered)
+                            if k > i:
+                                st.consumed_through(k - 1)
+                            return 0.0
+                        listener(m)
+                else:
+                    for m in it:
+                        listener(m)
             except Exception as e:
                 k = j - 1 - sum(1 for _ in it)  # the failed message's index
                 if k > i:
@@ -265,14 +329,16 @@ class Consumer(ConsumerFace):
         return list(self._engine.states)
 
     def assign(self, partitions: list[TopicPartition]) -> None:
-        """Own exactly ``partitions`` (the group-rebalancing seam): commits released ones."""
+        """Own exactly ``partitions`` (no ZooKeeper group): commits released ones."""
+        self._check_manual_assign()
         self._open()
         before = set(self._engine.states)
         self._lt.run(self._engine.assign(partitions))
-        if self._started:
-            for tp, st in self._engine.states.items():
-                if tp not in before:
-                    self._schedule.put(st)
+        with self._lock:
+            if self._started:
+                for tp, st in self._engine.states.items():
+                    if tp not in before:
+                        self._schedule_once(st)
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Continue ``tp`` at byte ``offset`` (a record start; out of range -> 301 -> moved)."""
@@ -328,6 +394,7 @@ class Consumer(ConsumerFace):
         if self._committer is not None:
             self._committer.join(timeout=30)
         try:
+            self._leave_group()
             if self._engine.opened and self.config.enable_auto_commit:
                 if not self._listeners:
                     self._engine.mark_returned_consumed()
@@ -340,6 +407,15 @@ class Consumer(ConsumerFace):
                 self._lt.close()
                 self._close_store()
 
+    def _leave_group(self) -> None:
+        """Leave the ZooKeeper group (revoke = commit everything, release the owner nodes);
+        the last poll's messages count as consumed first (the application is done)."""
+        if self.membership is None or not self._engine.opened:
+            return
+        if not self._listeners:
+            self._lt.run(_returned_consumed(self._engine), timeout_s=10)
+        self.membership.leave()
+
     def __enter__(self) -> Consumer:
         return self
 
@@ -351,3 +427,7 @@ class Consumer(ConsumerFace):
 
 async def _noop() -> None:
     return None
+
+
+async def _returned_consumed(engine: Any) -> None:
+    engine.mark_returned_consumed()

@@ -27,6 +27,7 @@ from pymetaq.client.errors import MetaClientError
 from pymetaq.client.protocol import GetCommand, OffsetCommand, ResultReply, ValueReply
 from pymetaq.client.transport.brokers import BrokerSet
 from pymetaq.client.transport.connection import raise_for_reply
+from pymetaq.client.transport.zkbrokers import open_broker_set
 from pymetaq.client.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,13 @@ class BrokerTransport:
 
     def __init__(self, servers: str | list[str], config: ConsumerConfig) -> None:
         self.request_timeout_s = config.request_timeout_ms / 1000
-        self.brokers = BrokerSet(
+        #: a static set for ``meta://`` lists, a ZkBrokerSet (``topics-sub``) for ``zk://``
+        self.brokers: BrokerSet = open_broker_set(
             servers,
+            side="sub",
             connect_timeout_s=config.connect_timeout_ms / 1000,
             request_timeout_s=self.request_timeout_s,
+            zk_session_timeout_s=config.zk_session_timeout_ms / 1000,
         )
 
     async def start(self) -> None:

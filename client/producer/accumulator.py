@@ -15,6 +15,7 @@ under load open batches keep filling.
 
 The sender's whole interface: :meth:`drain_due` (take due batches, taking their slots),
 :meth:`reenqueue` (a batch to retry: back at the head of its queue, slot freed),
+:meth:`reroute` (a failed unpinned batch moves to another partition's queue head),
 :meth:`finished` (a batch completed: slot and buffer space freed), :meth:`take_queued` /
 :meth:`incomplete` (shutdown), :meth:`begin_flush` / :meth:`end_flush` (flush), and
 :meth:`take_wake`. Nothing outside this class touches its lock, queues or counters.
@@ -89,8 +90,10 @@ class Accumulator:
         attribute: str | None,
         force: bool = False,
         block_s: float | None = None,
+        pinned: bool = False,
     ) -> SendHandle:
-        """Add one message; returns its handle. Blocks up to ``block_s`` while the buffer is full."""
+        """Add one message; returns its handle. Blocks up to ``block_s`` while the buffer is full.
+        ``pinned``: the message must stay on ``tp`` (its batch is never moved)."""
         if attribute is None:
             data = value
             header = _pack(len(value), _crc32(value) & MASK31, 0, 0)
@@ -128,6 +131,8 @@ class Accumulator:
                 wake = True
             if force:
                 b.due = True
+            if pinned:
+                b.pinned = True
             if wake:
                 if self._wake_pending or self._broker_inflight[tp.broker_id]:
                     wake = False
@@ -140,8 +145,8 @@ class Accumulator:
     def append_records(
         self, tp: TopicPartition, records: Sequence[bytes], *, block_s: float | None = None
     ) -> BatchHandle:
-        """Add complete, already built records (e.g. from a spool) in order."""
-        return self._enqueue(tp, list(records), list(records), 1, -HEADER_SIZE, block_s)
+        """Add complete, already built records (e.g. from a spool) in order (pinned)."""
+        return self._enqueue(tp, list(records), list(records), 1, -HEADER_SIZE, block_s, True)
 
     def append_many(
         self,
@@ -150,6 +155,7 @@ class Accumulator:
         attribute: str | None,
         *,
         block_s: float | None = None,
+        pinned: bool = False,
     ) -> BatchHandle:
         """Add many messages to one partition, in order (the bulk path).
 
@@ -170,7 +176,7 @@ class Accumulator:
         parts: list[bytes] = [b""] * (2 * len(datas))
         parts[0::2] = headers
         parts[1::2] = datas
-        return self._enqueue(tp, parts, values, 2, extra, block_s)
+        return self._enqueue(tp, parts, values, 2, extra, block_s, pinned)
 
     def _enqueue(
         self,
@@ -180,6 +186,7 @@ class Accumulator:
         per: int,
         extra: int,
         block_s: float | None,
+        pinned: bool,
     ) -> BatchHandle:
         """Put messages (``per`` parts each; record size ``HEADER_SIZE + extra + len(item)``)
         in batches."""
@@ -212,6 +219,8 @@ class Accumulator:
                         i += 1
                     total -= nbytes - b.nbytes
                 if i > start:
+                    if pinned:
+                        b.pinned = True
                     slices.append(BatchSlice(b, b.count, b.nbytes, items[start:i], extra))
                     b.parts += parts[start * per : i * per]
                     b.count += i - start
@@ -291,6 +300,14 @@ class Accumulator:
         with self._lock:
             self._queues.setdefault(b.tp, deque()).appendleft(b)
             self._release_slot(b.tp)
+
+    def reroute(self, b: Batch, tp: TopicPartition) -> None:
+        """A failed batch moves to partition ``tp`` (at the head of its queue); its slot is
+        freed. Only for batches nobody pinned (``b.pinned`` is False)."""
+        with self._lock:
+            self._release_slot(b.tp)
+            b.tp = tp
+            self._queues.setdefault(tp, deque()).appendleft(b)
 
     def finished(self, b: Batch, *, in_flight: bool = True) -> None:
         """A batch completed: free its in-flight slot (if it held one) and its buffer space."""

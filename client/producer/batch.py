@@ -61,6 +61,7 @@ class Batch:
         "offset",
         "open",
         "parts",
+        "pinned",
         "sent_at",
         "tp",
         "written",
@@ -84,6 +85,9 @@ class Batch:
         self.error: MetaClientError | None = None
         #: an attempt's request was written and then got no answer: it may have been stored
         self.written = False
+        #: holds a message whose partition was chosen by key, explicitly or by a custom
+        #: partitioner: it is never moved to another partition
+        self.pinned = False
         self.callbacks: list[Callable[[], object]] | None = []  # None once completed
 
     def add_callback(self, fn: Callable[[], object]) -> None:

@@ -30,6 +30,8 @@ class ProducerConfig:
     buffer_bytes: int = 64 << 20
     metadata_max_age_ms: float = 30000.0
     body_checksum: bool = False
+    #: ``zk://`` servers: the ZooKeeper session timeout asked for (MetaQ's zkSessionTimeoutMs)
+    zk_session_timeout_ms: float = 30000.0
 
     def __post_init__(self) -> None:
         if self.compression not in (None, "lz4"):

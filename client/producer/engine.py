@@ -39,6 +39,7 @@ from pymetaq.client.producer.partitioner import (
 )
 from pymetaq.client.producer.sender import Sender, SenderConfig
 from pymetaq.client.transport.brokers import BrokerSet
+from pymetaq.client.transport.zkbrokers import open_broker_set
 from pymetaq.client.types import TopicPartition
 
 #: ``partition=`` of a send: an index into the sorted list, a TopicPartition or a "b-p" key
@@ -68,11 +69,13 @@ class ProducerEngine:
     ) -> None:
         self.cfg = cfg
         self.loop = loop
-        self.brokers = BrokerSet(
+        self.brokers: BrokerSet = open_broker_set(
             servers,
+            side="pub",
             connect_timeout_s=cfg.connect_timeout_ms / 1000.0,
             request_timeout_s=cfg.request_timeout_ms / 1000.0,
             metadata_max_age_s=cfg.metadata_max_age_ms / 1000.0,
+            zk_session_timeout_s=cfg.zk_session_timeout_ms / 1000.0,
         )
         sender_cfg = SenderConfig(
             cfg.max_in_flight,
@@ -81,6 +84,7 @@ class ProducerEngine:
             cfg.retry_backoff_ms / 1000.0,
             cfg.compression,
             cfg.body_checksum,
+            cfg.delivery_timeout_s,
         )
         self.sender = Sender(sender_cfg, self.brokers, loop)
         self.acc = Accumulator(
@@ -123,9 +127,10 @@ class ProducerEngine:
         rr = self._rr_next
         if rr is not None and partition is None and key is None:
             tp = parts[rr() % len(parts)]
-        else:
-            tp = self.select(topic, parts, value, key, partition, attribute)
-        return self.acc.append(tp, value, attribute, force, self.block_s)
+            return self.acc.append(tp, value, attribute, force, self.block_s)
+        tp = self.select(topic, parts, value, key, partition, attribute)
+        pinned = partition is not None or key is not None or self._custom is not None
+        return self.acc.append(tp, value, attribute, force, self.block_s, pinned)
 
     def send_many(
         self,
@@ -145,11 +150,12 @@ class ProducerEngine:
         if parts is None:
             parts = self._learn(topic)
         tp = self.select(topic, parts, values[0] if values else b"", key, partition, attribute)
-        return self.acc.append_many(tp, values, attribute, block_s=self.block_s)
+        pinned = partition is not None or key is not None or self._custom is not None
+        return self.acc.append_many(tp, values, attribute, block_s=self.block_s, pinned=pinned)
 
     def send_to(self, tp: TopicPartition, value: bytes, attribute: str | None) -> SendHandle:
-        """Queue one message for a given partition, due at once (no metadata needed)."""
-        return self.acc.append(tp, self.check(value), attribute, True, self.block_s)
+        """Queue one message for a given partition, due at once (no metadata needed; pinned)."""
+        return self.acc.append(tp, self.check(value), attribute, True, self.block_s, True)
 
     def send_records(self, tp: TopicPartition, records: Sequence[bytes]) -> BatchHandle:
         """Queue complete records for a given partition, in order (a spool's backlog)."""

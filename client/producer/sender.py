@@ -21,6 +21,15 @@ was written to the broker and got no answer (a timeout, a connection lost after 
 An error with ``invalid_metadata`` also refreshes the topic's partition list in the background
 (partitions of brokers that cannot be reached are left out of a fresh list).
 
+**Moving to a live partition** (``zk://`` producers, whose broker set drops brokers that do not
+answer or are no longer registered: ``brokers.reroutes``): a failed batch that nobody pinned
+(no key, no explicit partition, no custom partitioner, not the ordered producer) is moved to
+another partition of its topic, on another broker when there is one, as long as its delivery
+timeout has not run out.  An attempt that was never written (the broker is down or gone: it
+fails at once) is moved freely, since nothing can have been stored; an attempt that was
+written and got no answer counts against ``retries`` like any resend (it may duplicate).
+When the topic has no live partition the batch waits ``retry_backoff_ms`` and looks again.
+
 Thread-safety: loop thread only (it uses the accumulator's API, never its lock or queues).
 """
 
@@ -58,6 +67,8 @@ class SenderConfig:
     retry_backoff_s: float
     compression: str | None
     body_checksum: bool
+    #: a batch may be moved to a live partition until this long after it was created
+    delivery_timeout_s: float = 0.0
 
 
 class Sender:
@@ -75,6 +86,7 @@ class Sender:
         self._timer_at = 0.0
         self._closing: MetaClientError | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._moves = 0  # spreads moved batches over the live partitions
         self.acc: Accumulator  # set by attach()
 
     def attach(self, acc: Accumulator) -> None:
@@ -209,10 +221,14 @@ class Sender:
     def _failed(self, b: Batch, err: MetaClientError, written: bool = False) -> None:
         """An attempt failed. ``written``: its request went out and got no answer (no reply,
         connection lost), so the broker may have stored it."""
-        if written and not isinstance(err, BrokerError):  # a reply is a definite answer
+        written = written and not isinstance(err, BrokerError)  # a reply is a definite answer
+        if written:
             b.written = True
         if err.invalid_metadata:
             self.brokers.invalidate(b.tp.topic)
+        if self._may_move(b, err, written):
+            self._move(b, err)
+            return
         if err.retriable and b.attempts <= self.cfg.retries and self._closing is None:
             log.debug("retrying %r after %s (attempt %d)", b, err, b.attempts)
             self.loop.call_later(self.cfg.retry_backoff_s, self._requeue, b)
@@ -220,6 +236,40 @@ class Sender:
         if b.written:
             err = may_be_stored(f"send to {b.tp} ({b.count} messages)", err)
         self._finish(b, err)
+
+    def _may_move(self, b: Batch, err: MetaClientError, written: bool) -> bool:
+        """May ``b`` go to another live partition now (see the module docstring)?"""
+        if not self.brokers.reroutes or b.pinned or not err.retriable:
+            return False
+        if self._closing is not None or (written and b.attempts > self.cfg.retries):
+            return False
+        return time.monotonic() < b.created + self.cfg.delivery_timeout_s
+
+    def _move(self, b: Batch, err: MetaClientError, waited: bool = False) -> None:
+        """Re-queue ``b`` on a live partition of its topic on another broker; with none, look
+        again after the backoff (then any live partition will do); fail it once its delivery
+        timeout has run out."""
+        if self._closing is not None:
+            self._finish(b, self._closing)
+            return
+        parts = self.brokers.partition_cache.get(b.tp.topic) or []
+        others = [tp for tp in parts if tp.broker_id != b.tp.broker_id]
+        if not others and waited:
+            others = parts
+        if others:
+            tp = others[self._moves % len(others)]
+            self._moves += 1
+            log.debug("moving %r to %s after %s", b, tp, err)
+            self.acc.reroute(b, tp)
+            self.wake()
+            return
+        backoff = self.cfg.retry_backoff_s
+        if time.monotonic() + backoff >= b.created + self.cfg.delivery_timeout_s:
+            self._finish(
+                b, may_be_stored(f"send to {b.tp} ({b.count} messages)", err) if b.written else err
+            )
+            return
+        self.loop.call_later(backoff, self._move, b, err, True)
 
     def _requeue(self, b: Batch) -> None:
         if self._closing is not None:

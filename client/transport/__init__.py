@@ -2,10 +2,11 @@
 
 | module | its one job |
 |---|---|
-| ``servers`` | ``parse_servers("meta://h:p,...")``, ``parse_stats(body)`` (pure) |
+| ``servers`` | ``parse_servers("meta://h:p,...")``, ``zk_servers(servers)``, ``parse_stats(body)`` (pure) |
 | ``connection`` | ``BrokerConnection``: one pipelined asyncio connection (opaque matching); ``raise_for_reply`` |
 | ``loop`` | ``LoopThread``: an asyncio loop in a daemon thread (one per synchronous client) |
 | ``brokers`` | ``BrokerSet``: connections to all brokers, broker ids, partition lists |
+| ``zkbrokers`` | ``ZkBrokerSet``: the same for a ``zk://`` cluster (brokers and partitions from ZooKeeper); ``open_broker_set(servers, side=)`` picks one |
 | ``records`` | building records (``build_record``, ``build_records``, ``compress_batch``) and decoding them (``decode_messages``) |
 
 ``BrokerSet`` (asyncio, one loop): ``await start()``; ``await partitions(topic, refresh=False)``

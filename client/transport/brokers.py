@@ -12,6 +12,11 @@ every ``metadata_max_age_s`` (so a broker that comes back is used again); ``cach
 keeps returning the old list until the new one is in. And
 ``connection(broker_id)`` reconnects a broker whose connection died.
 
+The brokers of a ``zk://`` cluster come from ZooKeeper instead: see
+:class:`pymetaq.client.transport.zkbrokers.ZkBrokerSet` (a subclass) and
+:func:`pymetaq.client.transport.zkbrokers.open_broker_set`, which picks the class for a
+``servers`` string.
+
 Thread-safety: a BrokerSet belongs to one event loop; call it only from that loop, except
 ``cached_partitions`` (any thread: a dict read).
 """
@@ -53,6 +58,9 @@ class _Broker:
     broker_id: int | None = None
     conn: BrokerConnection | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: the id is known beforehand (ZooKeeper registered this address as that broker): a server
+    #: there reporting another ``broker_id`` is refused, never adopted
+    registered: bool = False
 
     @property
     def address(self) -> str:
@@ -64,14 +72,16 @@ class BrokerSet:
 
     def __init__(
         self,
-        servers: str | list[str] | list[tuple[str, int]],
+        servers: str | list[str] | list[tuple[str, int]] | None,
         *,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         metadata_max_age_s: float = 30.0,
     ) -> None:
         pairs: list[tuple[str, int]] = []
-        if isinstance(servers, list) and servers and isinstance(servers[0], tuple):
+        if servers is None:  # a subclass fills the set (ZooKeeper)
+            pass
+        elif isinstance(servers, list) and servers and isinstance(servers[0], tuple):
             pairs = [(str(h), int(p)) for h, p in servers]
         else:
             pairs = parse_servers(servers)  # type: ignore[arg-type,unused-ignore]
@@ -122,6 +132,12 @@ class BrokerSet:
                 raise NoBrokerAvailable(
                     f"{b.address} did not report its broker_id: {e!r}"
                 ) from None
+            if b.registered and b.broker_id != broker_id:
+                conn.close()
+                raise NoBrokerAvailable(
+                    f"{b.address} reports broker_id {broker_id}, but it is registered as "
+                    f"broker {b.broker_id}"
+                )
             if b.broker_id is not None and b.broker_id != broker_id:
                 log.warning("%s changed broker_id %s -> %s", b.address, b.broker_id, broker_id)
                 self._topics.clear()
@@ -132,7 +148,13 @@ class BrokerSet:
         for b in self._brokers:
             if b.broker_id == broker_id:
                 return b
-        raise NoBrokerAvailable(f"no configured server has broker_id {broker_id}")
+        raise NoBrokerAvailable(f"no {self._source} server has broker_id {broker_id}")
+
+    #: how the servers were given (error messages)
+    _source = "configured"
+    #: may the producer move a failed batch nobody pinned to another partition? (ZooKeeper
+    #: sets only: their lists drop brokers that do not answer)
+    reroutes = False
 
     async def connection(self, broker_id: int) -> BrokerConnection:
         """The live connection to ``broker_id`` (reconnecting if it died).

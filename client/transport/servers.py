@@ -2,7 +2,10 @@
 
 ``parse_servers("meta://h:p,meta://h2:p2")`` -> ``[("h", p), ("h2", p2)]``: ``meta://`` may be
 omitted, IPv6 is written ``meta://[::1]:8123``, duplicates are dropped; a bad entry raises
-``ValueError`` naming it. ``parse_stats(body)`` turns a ``stats`` reply body
+``ValueError`` naming it.  ``servers`` may instead be one ZooKeeper URL,
+``zk://host:port[,host:port][/root]`` (:func:`zk_servers` tells; the producer and the consumer
+then discover their brokers there: :mod:`pymetaq.client.transport.zkbrokers`); inside a
+``meta://`` list it is an error. ``parse_stats(body)`` turns a ``stats`` reply body
 (``STATS\\r\\n`` + ``key value...`` lines + ``END\\r\\n``) into ``{key: rest-of-line}``.
 
 Thread-safe: pure functions.
@@ -12,9 +15,23 @@ from __future__ import annotations
 
 import re
 
+#: a ZooKeeper registry URL (``pymetaq.client.protocol.zk``; not imported: this module is pure)
+ZK_SCHEME = "zk://"
+
 _SERVER_RE = re.compile(
     r"^(?:meta://)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:/\[\]]+)):(?P<port>\d+)/?$"
 )
+
+
+def zk_servers(servers: str | list[str] | tuple[str, ...]) -> str | None:
+    """The ``zk://`` URL if ``servers`` is one (a string, or a list holding just it), else
+    None (a ``meta://`` list)."""
+    items = [servers] if isinstance(servers, str) else list(servers)
+    if len(items) == 1 and isinstance(items[0], str):
+        text = items[0].strip()
+        if text.lower().startswith(ZK_SCHEME):
+            return text
+    return None
 
 
 def parse_servers(servers: str | list[str] | tuple[str, ...]) -> list[tuple[str, int]]:
@@ -25,6 +42,11 @@ def parse_servers(servers: str | list[str] | tuple[str, ...]) -> list[tuple[str,
         entry = raw.strip()
         if not entry:
             continue
+        if entry.lower().startswith(ZK_SCHEME):
+            raise ValueError(
+                f"{entry!r} is a ZooKeeper URL: give it as the only server "
+                "(servers='zk://host:port[,host:port][/root]'), not in a meta:// list"
+            )
         m = _SERVER_RE.match(entry)
         if m is None:
             raise ValueError(f"bad server {entry!r}: expected meta://host:port")

@@ -17,10 +17,12 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from pymetaq.client.cluster.group import GroupConfig, GroupCoordinator, TopicPartition
+from pymetaq.client.cluster.group import GroupConfig, GroupCoordinator
 from pymetaq.client.cluster.session import kazoo_client
+from pymetaq.client.types import TopicPartition
 
 
 class Events:
@@ -34,8 +36,26 @@ class Events:
             self.f.flush()
 
 
-def _names(parts: frozenset[TopicPartition]) -> list[str]:
-    return sorted(f"{tp.topic}:{tp.name}" for tp in parts)
+def part_names(parts: frozenset[TopicPartition]) -> list[str]:
+    return sorted(f"{tp.topic}:{tp.key}" for tp in parts)
+
+
+def log_sessions(client: Any, events: Events) -> Callable[[str], None]:
+    """Log ``suspended`` when the connection drops and ``session`` (id, password) on each new
+    session; returns the listener (added to ``client``; call it once for the first session)."""
+    last_sid: list[int] = [0]
+
+    def on_state(state: str) -> None:
+        if state != "CONNECTED":
+            events.write("suspended")
+            return
+        cid = client.client_id
+        if cid and cid[0] != last_sid[0]:
+            last_sid[0] = cid[0]
+            events.write("session", sid=cid[0], pwd=cid[1].hex())
+
+    client.add_listener(on_state)
+    return on_state
 
 
 def main() -> None:
@@ -51,18 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     events = Events(args.events)
     client = kazoo_client(args.hosts, session_timeout_s=args.session_timeout)
-    last_sid: list[int] = [0]
-
-    def on_state(state: str) -> None:
-        if state != "CONNECTED":  # the coordinator's may_deliver() turns False now
-            events.write("suspended")
-            return
-        cid = client.client_id
-        if cid and cid[0] != last_sid[0]:
-            last_sid[0] = cid[0]
-            events.write("session", sid=cid[0], pwd=cid[1].hex())
-
-    client.add_listener(on_state)
+    on_state = log_sessions(client, events)  # may_deliver() turns False at "suspended"
     client.start(timeout=15)
     on_state("CONNECTED")
     cfg = GroupConfig(
@@ -76,10 +85,10 @@ def main() -> None:
         client,
         cfg,
         on_assign=lambda p: events.write(
-            "assign", parts=_names(frozenset(tp for tp in p if coord.may_deliver(tp)))
+            "assign", parts=part_names(frozenset(tp for tp in p if coord.may_deliver(tp)))
         ),
-        on_revoke=lambda p: events.write("revoke", parts=_names(p)),
-        on_lost=lambda p: events.write("lost", parts=_names(p)),
+        on_revoke=lambda p: events.write("revoke", parts=part_names(p)),
+        on_lost=lambda p: events.write("lost", parts=part_names(p)),
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

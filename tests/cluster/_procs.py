@@ -16,7 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from pymetaq.client.protocol.zk import ZkPaths
 
@@ -24,34 +24,20 @@ ROOT = Path(__file__).resolve().parents[2]
 P = ZkPaths()
 
 
-class MemberProcess:
-    """One member process; its events file is the record of what it delivered."""
+class ChildMember:
+    """A group member process (``python -m <module> ...``); its events file (one JSON line per
+    event, ``"ready"`` once started, ``"session"`` per ZooKeeper session) is its record."""
 
-    def __init__(
-        self,
-        hosts: str,
-        group: str,
-        name: str,
-        topics: str,
-        workdir: Path,
-        *,
-        strategy: str = "DEFAULT",
-        session_timeout_s: float = 2.0,
-        retry_ms: int = 200,
-    ) -> None:
-        self.cid = f"{group}_{name}"
+    def __init__(self, cid: str, workdir: Path, name: str, module: str, args: list[str]) -> None:
+        self.cid = cid
         self.events_path = workdir / f"{name}.events"
         self.log_path = workdir / f"{name}.log"
-        self.args = [
-            *(sys.executable, "-m", "tests.cluster._member", "--hosts", hosts),
-            *("--group", group, "--id", self.cid, "--topics", topics, "--strategy", strategy),
-            *("--session-timeout", str(session_timeout_s), "--retry-ms", str(retry_ms)),
-            *("--events", str(self.events_path)),
-        ]
+        self.args = [sys.executable, "-m", module, *args, "--events", str(self.events_path)]
         self.proc: subprocess.Popen[bytes] | None = None
         self.died_at: float | None = None  # monotonic time the process was reaped
+        self.killed = False
 
-    def start(self, timeout: float = 30.0) -> MemberProcess:
+    def start(self, timeout: float = 60.0) -> Self:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.args, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log
@@ -74,6 +60,51 @@ class MemberProcess:
             return []
         return [json.loads(line) for line in lines if line.endswith("}")]
 
+    def session(self) -> tuple[int, bytes]:
+        last = [e for e in self.events() if e["ev"] == "session"][-1]
+        return int(last["sid"]), bytes.fromhex(last["pwd"])
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        self.died_at = time.monotonic()
+        return code
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self.died_at = time.monotonic()  # no delivery can happen after the reaping
+        self.killed = True
+
+    def cleanup(self) -> None:
+        if self.alive:
+            self.kill()
+
+
+class MemberProcess(ChildMember):
+    """One coordinator-only member (``tests/cluster/_member.py``)."""
+
+    def __init__(
+        self,
+        hosts: str,
+        group: str,
+        name: str,
+        topics: str,
+        workdir: Path,
+        *,
+        strategy: str = "DEFAULT",
+        session_timeout_s: float = 2.0,
+        retry_ms: int = 200,
+    ) -> None:
+        cid = f"{group}_{name}"
+        super().__init__(cid, workdir, name, "tests.cluster._member", [
+            *("--hosts", hosts, "--group", group, "--id", cid, "--topics", topics),
+            *("--strategy", strategy, "--session-timeout", str(session_timeout_s)),
+            *("--retry-ms", str(retry_ms)),
+        ])  # fmt: skip
+
     def held(self) -> set[str]:
         """Partitions this member is delivering now, by its own account."""
         held: set[str] = set()
@@ -85,10 +116,6 @@ class MemberProcess:
             elif e["ev"] == "suspended":
                 held.clear()
         return held
-
-    def session(self) -> tuple[int, bytes]:
-        last = [e for e in self.events() if e["ev"] == "session"][-1]
-        return int(last["sid"]), bytes.fromhex(last["pwd"])
 
     def intervals(self) -> list[tuple[str, float, float]]:
         """(partition, from, to) for every delivery period; a period still open ends at the
@@ -106,23 +133,6 @@ class MemberProcess:
         end = self.died_at if self.died_at is not None else math.inf
         out += [(p, t, end) for p, t in start.items()]
         return out
-
-    def terminate(self, timeout: float = 30.0) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        self.died_at = time.monotonic()
-        return code
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-        self.died_at = time.monotonic()  # no delivery can happen after the reaping
-
-    def cleanup(self) -> None:
-        if self.alive:
-            self.kill()
 
 
 def overlaps(members: list[MemberProcess]) -> list[str]:

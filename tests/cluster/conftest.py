@@ -3,7 +3,6 @@ a private ZooKeeper that a test may restart, and small tree helpers."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -91,16 +90,4 @@ def ephemerals(client: Any, path: str) -> dict[str, bytes]:
     return out
 
 
-def wait_until(pred: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll ``pred`` (every 20 ms) until truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.02)
-    raise AssertionError(f"{what} not reached within {timeout} s (last: {last!r})")
-
-
-__all__ = ["ephemerals", "expire_session", "new_client", "tree", "wait_until"]
+__all__ = ["ephemerals", "expire_session", "new_client", "tree"]

@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
-from pymetaq.client.cluster.discovery import BrokerDiscovery, PartitionRef, TopicView
+from pymetaq.client.cluster.discovery import BrokerDiscovery, TopicView
 from pymetaq.client.cluster.errors import ClusterUnavailable
 from pymetaq.client.protocol.zk import TopicBroker, ZkPaths
+from pymetaq.client.types import TopicPartition
+from tests._helpers import wait_for
 from tests._services import ZooKeeperServer
-from tests.cluster.conftest import expire_session, new_client, wait_until
+from tests.cluster.conftest import expire_session, new_client
 
 pytestmark = [pytest.mark.zk, pytest.mark.integration]
 P = ZkPaths()
@@ -64,23 +66,21 @@ def test_producer_view_sorted_by_broker_then_partition(
         zk.create(P.topic_pub("t", "7-m"), b"not json", ephemeral=True)
         zk.create(P.topic_pub("t", "8-m"), TopicBroker(1, "8-m").encode(), ephemeral=True)
         want = [(2, 0), (2, 1), (2, 2), (10, 0), (10, 1)]  # numeric, slaves and junk ignored
-        wait_until(lambda: _parts(disc.view("t")) == want, what="both brokers seen")
+        wait_for(lambda: _parts(disc.view("t")) == want, what="both brokers seen")
         view = disc.view("t")
         assert view is not None
         assert view.brokers == {2: "meta://127.0.0.1:9002", 10: "meta://127.0.0.1:9010"}
-        assert view.url(PartitionRef(10, 1)) == "meta://127.0.0.1:9010"
+        assert view.url(TopicPartition("t", 10, 1)) == "meta://127.0.0.1:9010"
         assert view.partition_names == ["2-0", "2-1", "2-2", "10-0", "10-1"]
         # broker 8 has no master address: skipped until it registers one
         zk.create(P.broker_master(8), b"meta://127.0.0.1:9008", ephemeral=True, makepath=True)
-        wait_until(lambda: (8, 0) in _parts(disc.view("t")), what="broker 8 usable")
+        wait_for(lambda: (8, 0) in _parts(disc.view("t")), what="broker 8 usable")
         # a broker disappearing
         zk.delete(P.topic_pub("t", "10-m"))
-        wait_until(
-            lambda: _parts(disc.view("t")) == [(2, 0), (2, 1), (2, 2), (8, 0)], what="10 gone"
-        )
+        wait_for(lambda: _parts(disc.view("t")) == [(2, 0), (2, 1), (2, 2), (8, 0)], what="10 gone")
         # a partition count change (config reload) is a data change, not a child change
         zk.set(P.topic_pub("t", "2-m"), TopicBroker(1, "2-m").encode())
-        wait_until(lambda: _parts(disc.view("t")) == [(2, 0), (8, 0)], what="count change")
+        wait_for(lambda: _parts(disc.view("t")) == [(2, 0), (8, 0)], what="count change")
         # views are compared, not events counted: no two equal consecutive callbacks
         assert all(a != b for a, b in zip(rec.views, rec.views[1:]))
         assert rec.views[0] == empty
@@ -119,12 +119,12 @@ def test_survives_session_expiry(zk_server: ZooKeeperServer, zk: Any, zk_hosts: 
     disc = BrokerDiscovery(reader, side="pub", topics=["t"], retry_delay_s=0.2)
     try:
         register(zk, 1, 9001, "t", 1)
-        wait_until(lambda: _parts(disc.view("t")) == [(1, 0)], what="first view")
+        wait_for(lambda: _parts(disc.view("t")) == [(1, 0)], what="first view")
         before = reader.client_id
         expire_session(zk_server, reader)
-        wait_until(lambda: reader.connected and reader.client_id != before, what="new session")
+        wait_for(lambda: reader.connected and reader.client_id != before, what="new session")
         register(zk, 2, 9002, "t", 1)  # only seen if the watches were re-armed
-        wait_until(lambda: _parts(disc.view("t")) == [(1, 0), (2, 0)], what="change after expiry")
+        wait_for(lambda: _parts(disc.view("t")) == [(1, 0), (2, 0)], what="change after expiry")
     finally:
         disc.close()
         reader.stop()
@@ -137,13 +137,13 @@ def test_survives_zookeeper_restart(private_zk: ZooKeeperServer) -> None:
     disc = BrokerDiscovery(reader, side="pub", topics=["t"], retry_delay_s=0.2)
     try:
         register(admin, 1, 9001, "t", 1)
-        wait_until(lambda: _parts(disc.view("t")) == [(1, 0)], what="first view")
+        wait_for(lambda: _parts(disc.view("t")) == [(1, 0)], what="first view")
         private_zk.stop(keep_data=True)
-        wait_until(lambda: not reader.connected, what="reader disconnected")
+        wait_for(lambda: not reader.connected, what="reader disconnected")
         private_zk.start()
-        wait_until(lambda: admin.connected and reader.connected, what="both reconnected")
+        wait_for(lambda: admin.connected and reader.connected, what="both reconnected")
         register(admin, 2, 9002, "t", 2)
-        wait_until(
+        wait_for(
             lambda: _parts(disc.view("t")) == [(1, 0), (2, 0), (2, 1)], what="change after restart"
         )
     finally:

@@ -16,12 +16,13 @@ from pymetaq.client.cluster.errors import MembershipConflict
 from pymetaq.client.cluster.group import (
     GroupConfig,
     GroupCoordinator,
-    TopicPartition,
     make_consumer_id,
 )
 from pymetaq.client.protocol.zk import TopicBroker, ZkPaths
+from pymetaq.client.types import TopicPartition
+from tests._helpers import wait_for
 from tests._services import ZooKeeperServer
-from tests.cluster.conftest import expire_session, new_client, wait_until
+from tests.cluster.conftest import expire_session, new_client
 
 pytestmark = [pytest.mark.zk, pytest.mark.integration]
 P = ZkPaths()
@@ -68,7 +69,7 @@ class Member:
         self._rec("lost", parts)
 
     def held(self) -> set[str]:
-        return {f"{tp.topic}:{tp.name}" for tp in self.coord.assignment}
+        return {f"{tp.topic}:{tp.key}" for tp in self.coord.assignment}
 
 
 @pytest.fixture
@@ -118,7 +119,7 @@ def test_registers_and_claims_metaq_nodes(zk: Any, group: Callable[..., Member])
     publish_partitions(zk, "b", {0: 1})
     m = group("c1", topics=("a", "b"))
     m.coord.start()
-    wait_until(m.coord.settled, what="settled")
+    wait_for(m.coord.settled, what="settled")
     assert zk.get(P.consumer_id("g", "g_c1"))[0] == b"a,b"
     assert zk.exists(P.consumer_id("g", "g_c1")).ephemeralOwner == m.client.client_id[0]
     assert owners(zk, "a") == {"0-0": "g_c1", "0-1": "g_c1", "1-0": "g_c1"}
@@ -138,12 +139,12 @@ def test_claims_only_after_the_old_owner_node_is_gone(
     zombie.create(P.owner("g", "t", "0-1"), b"g_old", ephemeral=True, makepath=True)
     m = group("c1")
     m.coord.start()
-    wait_until(lambda: m.held() == {"t:0-0", "t:0-2"}, what="free partitions claimed")
+    wait_for(lambda: m.held() == {"t:0-0", "t:0-2"}, what="free partitions claimed")
     assert m.coord.stats()["pending"] == [TopicPartition("t", 0, 1)]
     assert not m.coord.settled() and owners(zk)["0-1"] == "g_old"
     zombie.delete(P.owner("g", "t", "0-1"))
     t0 = time.monotonic()
-    wait_until(m.coord.settled, what="claimed after release")
+    wait_for(m.coord.settled, what="claimed after release")
     assert time.monotonic() - t0 < 2.0  # a watch, not the 200 ms retry loop alone
     assert owners(zk) == {"0-0": "g_c1", "0-1": "g_c1", "0-2": "g_c1"}
 
@@ -152,10 +153,10 @@ def test_fenced_hand_off_between_two_members(zk: Any, group: Callable[..., Membe
     publish_partitions(zk, "t", {0: 4, 1: 2})
     a = group("a", revoke_delay=0.5)
     a.coord.start()
-    wait_until(a.coord.settled, what="a holds all")
+    wait_for(a.coord.settled, what="a holds all")
     b = group("b")
     b.coord.start()
-    wait_until(lambda: a.coord.settled() and b.coord.settled(), what="split")
+    wait_for(lambda: a.coord.settled() and b.coord.settled(), what="split")
     # DEFAULT over sorted ["0-0","0-1","0-2","0-3","1-0","1-1"]: a first three, b the rest
     assert a.held() == {"t:0-0", "t:0-1", "t:0-2"} and b.held() == {"t:0-3", "t:1-0", "t:1-1"}
     log = group.log  # type: ignore[attr-defined]
@@ -176,12 +177,12 @@ def test_leave_deletes_the_ids_node_before_revoking(zk: Any, group: Callable[...
     a, b = group("a"), group("b")
     a.coord.start()
     b.coord.start()
-    wait_until(lambda: a.coord.settled() and b.coord.settled(), what="split")
+    wait_for(lambda: a.coord.settled() and b.coord.settled(), what="split")
     seen: list[Any] = []
     a.coord.on_revoke = lambda parts: seen.append(zk.exists(P.consumer_id("g", "g_a")))
     a.coord.stop()
     assert seen == [None]
-    wait_until(lambda: b.held() == {"t:0-0", "t:0-1"} and b.coord.settled(), what="b took over")
+    wait_for(lambda: b.held() == {"t:0-0", "t:0-1"} and b.coord.settled(), what="b took over")
     assert owners(zk) == {"0-0": "g_b", "0-1": "g_b"}
 
 
@@ -190,9 +191,9 @@ def test_topics_sub_changes_rebalance(zk: Any, group: Callable[..., Member]) -> 
     a, b = group("a"), group("b")
     a.coord.start()
     b.coord.start()
-    wait_until(lambda: a.held() == {"t:0-0"} and b.coord.settled(), what="one partition")
+    wait_for(lambda: a.held() == {"t:0-0"} and b.coord.settled(), what="one partition")
     publish_partitions(zk, "t", {1: 3})
-    wait_until(
+    wait_for(
         lambda: a.held() == {"t:0-0", "t:1-0"} and b.held() == {"t:1-1", "t:1-2"},
         what="new broker's partitions assigned",
     )
@@ -205,7 +206,7 @@ def test_broadcast_members_get_everything_without_owner_nodes(
     a, b = group("a", broadcast=True), group("b", broadcast=True)
     a.coord.start()
     b.coord.start()
-    wait_until(lambda: a.coord.settled() and b.coord.settled(), what="both settled")
+    wait_for(lambda: a.coord.settled() and b.coord.settled(), what="both settled")
     assert a.held() == b.held() == {"t:0-0", "t:0-1"}
     assert not zk.exists(P.owners("g"))
 
@@ -214,7 +215,7 @@ def test_a_failing_on_assign_releases_and_retries(zk: Any, group: Callable[..., 
     publish_partitions(zk, "t", {0: 1})
     m = group("a", fail_assign=2)
     m.coord.start()
-    wait_until(m.coord.settled, what="assigned on the third try")
+    wait_for(m.coord.settled, what="assigned on the third try")
     assert m.held() == {"t:0-0"} and m.coord.rounds >= 3
 
 
@@ -232,14 +233,14 @@ def test_session_loss_stops_delivery_at_once(
     publish_partitions(zk, "t", {0: 2})
     m = group("a", session_timeout_s=2.0)
     m.coord.start()
-    wait_until(m.coord.settled, what="settled")
+    wait_for(m.coord.settled, what="settled")
     before = m.client.client_id
     stopped = threading.Event()
     m.client.add_listener(lambda s: stopped.set() if s != "CONNECTED" else None)
     expire_session(zk_server, m.client)
-    wait_until(stopped.is_set, what="state change seen")
-    wait_until(lambda: not m.coord.may_deliver(TopicPartition("t", 0, 0)), timeout=1, what="stop")
-    wait_until(lambda: m.client.client_id != before and m.coord.settled(), what="back")
+    wait_for(stopped.is_set, what="state change seen")
+    wait_for(lambda: not m.coord.may_deliver(TopicPartition("t", 0, 0)), timeout_s=1, what="stop")
+    wait_for(lambda: m.client.client_id != before and m.coord.settled(), what="back")
     events = [ev for _, _, ev, _ in group.log]  # type: ignore[attr-defined]
     assert events == ["assign", "lost", "assign"]
     assert zk.exists(P.consumer_id("g", "g_a")).ephemeralOwner == m.client.client_id[0]

@@ -16,6 +16,7 @@ import pytest
 
 from pymetaq.client.cluster.assignors import get_assignor
 from pymetaq.client.protocol.zk import TopicBroker, ZkPaths
+from tests._helpers import wait_for
 from tests._services import ZooKeeperServer, expire_session_id
 from tests.cluster._procs import (
     MemberProcess,
@@ -25,7 +26,7 @@ from tests.cluster._procs import (
     owners,
     settled,
 )
-from tests.cluster.conftest import new_client, wait_until
+from tests.cluster.conftest import new_client
 
 pytestmark = [pytest.mark.zk, pytest.mark.crash, pytest.mark.integration]
 P = ZkPaths()
@@ -66,9 +67,9 @@ class Scenario:
         expect = None
         if not assignor.uses_owners:
             expect = assignor.assign([m.cid for m in self.live], parts, {})
-        wait_until(
+        wait_for(
             lambda: settled(self.zk, "g", "t", self.live, parts, expect),
-            timeout=30,
+            timeout_s=30,
             what=f"{what}: settled (members {members(self.zk, 'g')}, "
             f"owners {owners(self.zk, 'g', 't')}, held {[m.held() for m in self.live]})",
         )
@@ -125,7 +126,7 @@ def test_join_leave_crash_expiry_and_new_partitions(
     sid, pwd = a.session()
     t0 = time.monotonic()
     expire_session_id(zk_server.hosts, sid, pwd)
-    wait_until(lambda: a.session()[0] != sid, what="a has a new session")
+    wait_for(lambda: a.session()[0] != sid, what="a has a new session")
     s.settle("expiry", t0)
     evs = [e["ev"] for e in a.events()]
     assert "lost" in evs and evs.count("session") == 2
@@ -138,7 +139,7 @@ def test_join_leave_crash_expiry_and_new_partitions(
     for m in list(s.live):
         assert m.terminate() == 0
     s.live.clear()
-    wait_until(lambda: not owners(zk, "g", "t") and not members(zk, "g"), what="all left")
+    wait_for(lambda: not owners(zk, "g", "t") and not members(zk, "g"), what="all left")
     history.stop()
     assert overlaps(s.all) == []
     # the owner nodes as an outside observer read them agree with every delivery period
@@ -161,13 +162,13 @@ def test_zookeeper_restart_under_members(private_zk: ZooKeeperServer, tmp_path: 
         s.settle("start", t0)
         down = time.monotonic()
         private_zk.stop(keep_data=True)
-        wait_until(
+        wait_for(
             lambda: all("lost" in [e["ev"] for e in m.events() if e["t"] > down] for m in s.live),
             what="every member stopped delivering while ZooKeeper is down",
         )
         assert all(not m.held() for m in s.live)
         private_zk.start()
-        wait_until(lambda: admin.connected, what="admin reconnected")
+        wait_for(lambda: admin.connected, what="admin reconnected")
         s.settle("zookeeper restart", down)
         assert overlaps(s.all) == []
     finally:

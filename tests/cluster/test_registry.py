@@ -17,8 +17,9 @@ import pytest
 from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.client.protocol.zk import parse_meta_url
 from tests._broker import BrokerProcess, write_server_ini
+from tests._helpers import wait_for
 from tests._services import free_port
-from tests.cluster.conftest import ephemerals, wait_until
+from tests.cluster.conftest import ephemerals
 from tests.server._helpers import Wire, put_line
 
 pytestmark = [pytest.mark.zk, pytest.mark.integration]
@@ -99,7 +100,7 @@ def test_three_brokers_register_exactly_as_metaq(tmp_path: Path, zk_hosts: str, 
         brokers = [stack.enter_context(_start(tmp_path, zk_hosts, i)) for i in range(3)]
         for i, b in enumerate(brokers):
             want = _expected(b, i, b.config_path)
-            wait_until(functools.partial(_registered, zk, i, want), what=f"broker {i} registered")
+            wait_for(functools.partial(_registered, zk, i, want), what=f"broker {i} registered")
             assert zk.get(f"/meta/brokers/ids/{i}")[0] == want[f"/meta/brokers/ids/{i}/master"]
         assert not zk.exists("/meta/brokers/topics/log-*")  # patterns are not topics
         assert sorted(zk.get_children("/meta/brokers/topics-sub/orders")) == ["0-m", "1-m", "2-m"]
@@ -122,7 +123,7 @@ def test_three_brokers_register_exactly_as_metaq(tmp_path: Path, zk_hosts: str, 
             "/meta/brokers/topics-pub/log-app/1-m": j,
             "/meta/brokers/topics-sub/log-app/1-m": j,
         }
-        wait_until(
+        wait_for(
             lambda: _mine(zk, 1) == _expected(brokers[1], 1, brokers[1].config_path) | log_app,
             what="log-app registered",
         )
@@ -132,9 +133,9 @@ def test_three_brokers_register_exactly_as_metaq(tmp_path: Path, zk_hosts: str, 
 def test_stop_unregisters_then_serves_for_sync_time(tmp_path: Path, zk_hosts: str, zk: Any) -> None:
     b = _start(tmp_path, zk_hosts, 4, zk={"zk.zkSyncTimeMs": 3000})
     with b:
-        wait_until(lambda: zk.exists("/meta/brokers/topics-pub/orders/4-m"), what="registered")
+        wait_for(lambda: zk.exists("/meta/brokers/topics-pub/orders/4-m"), what="registered")
         b.signal(signal.SIGTERM)
-        wait_until(lambda: not _mine(zk, 4), timeout=10, what="every node gone")
+        wait_for(lambda: not _mine(zk, 4), timeout_s=10, what="every node gone")
         assert b.proc is not None and b.proc.poll() is None, "unregistered before stopping"
         with Wire(b.address) as w:  # still serving during zk.zkSyncTimeMs
             assert _code(w.call(put_line("orders", 0, b"late", 9))) == 200
@@ -147,21 +148,21 @@ def test_session_expiry_re_registers(tmp_path: Path, zk_hosts: str, zk: Any) -> 
     b = _start(tmp_path, zk_hosts, 5)
     with b:
         want = _expected(b, 5, b.config_path)
-        wait_until(lambda: _mine(zk, 5) == want, what="registered")
+        wait_for(lambda: _mine(zk, 5) == want, what="registered")
         before = zk.exists("/meta/brokers/ids/5/master").ephemeralOwner
         b.signal(signal.SIGSTOP)  # silent for longer than the 2 s session: the server expires it
         try:
-            wait_until(lambda: not _mine(zk, 5), timeout=20, what="session expired")
+            wait_for(lambda: not _mine(zk, 5), timeout_s=20, what="session expired")
         finally:
             b.signal(signal.SIGCONT)
-        wait_until(lambda: _mine(zk, 5) == want, timeout=20, what="re-registered")
+        wait_for(lambda: _mine(zk, 5) == want, timeout_s=20, what="re-registered")
         assert zk.exists("/meta/brokers/ids/5/master").ephemeralOwner != before
 
 
 def test_config_reload_re_registers(tmp_path: Path, zk_hosts: str, zk: Any) -> None:
     b = _start(tmp_path, zk_hosts, 6, topics={"a": {"numPartitions": 1}, "b": {}})
     with b:
-        wait_until(lambda: zk.exists("/meta/brokers/topics-pub/b/6-m"), what="registered")
+        wait_for(lambda: zk.exists("/meta/brokers/topics-pub/b/6-m"), what="registered")
         write_server_ini(
             b.config_path,
             data_path=b.data_path,
@@ -179,13 +180,13 @@ def test_config_reload_re_registers(tmp_path: Path, zk_hosts: str, zk: Any) -> N
             "/meta/brokers/topics-pub/c/6-m": j % 1,
             "/meta/brokers/topics-sub/c/6-m": j % 1,
         }
-        wait_until(lambda: _mine(zk, 6) == want, what="re-registered after reload")
+        wait_for(lambda: _mine(zk, 6) == want, what="re-registered after reload")
 
 
 def test_same_id_and_role_refuses_to_start(tmp_path: Path, zk_hosts: str, zk: Any) -> None:
     first = _start(tmp_path, zk_hosts, 7)
     with first:
-        wait_until(lambda: zk.exists("/meta/brokers/ids/7/master"), what="first registered")
+        wait_for(lambda: zk.exists("/meta/brokers/ids/7/master"), what="first registered")
         owner = zk.exists("/meta/brokers/ids/7/master").ephemeralOwner
         with pytest.raises(RuntimeError) as err:
             _start(tmp_path, zk_hosts, 7, name="dup")
@@ -203,11 +204,11 @@ def test_same_id_and_role_refuses_to_start(tmp_path: Path, zk_hosts: str, zk: An
 def test_crash_restart_on_a_new_port_takes_over(tmp_path: Path, zk_hosts: str, zk: Any) -> None:
     b = _start(tmp_path, zk_hosts, 8)
     with b:
-        wait_until(lambda: zk.exists("/meta/brokers/ids/8/master"), what="registered")
+        wait_for(lambda: zk.exists("/meta/brokers/ids/8/master"), what="registered")
         b.kill()
         b.launch()  # serverPort=0: a new address while the dead session still holds the node
         want = _expected(b, 8, b.config_path)
-        wait_until(lambda: _mine(zk, 8) == want, timeout=30, what="registered again")
+        wait_for(lambda: _mine(zk, 8) == want, timeout_s=30, what="registered again")
 
 
 def test_unreachable_zookeeper_fails_startup_clearly(tmp_path: Path) -> None:
@@ -239,12 +240,12 @@ def test_disabled_zookeeper_never_imports_kazoo(tmp_path: Path) -> None:
 def test_restart_after_clean_stop_registers_again(tmp_path: Path, zk_hosts: str, zk: Any) -> None:
     b = _start(tmp_path, zk_hosts, 10)
     with b:
-        wait_until(lambda: zk.exists("/meta/brokers/ids/10/master"), what="registered")
+        wait_for(lambda: zk.exists("/meta/brokers/ids/10/master"), what="registered")
         assert b.terminate() == 0
         t0 = time.monotonic()
         b.launch()
         want = _expected(b, 10, b.config_path)
-        wait_until(lambda: _mine(zk, 10) == want, what="registered again")
+        wait_for(lambda: _mine(zk, 10) == want, what="registered again")
         assert time.monotonic() - t0 < 20
 
 
@@ -256,7 +257,7 @@ def test_crash_restart_on_the_same_port_starts_at_once(
         tmp_path, zk_hosts, 11, system={"serverPort": port}, zk={"zk.zkSessionTimeoutMs": 6000}
     )
     with b:
-        wait_until(lambda: zk.exists("/meta/brokers/ids/11/master"), what="registered")
+        wait_for(lambda: zk.exists("/meta/brokers/ids/11/master"), what="registered")
         old = zk.exists("/meta/brokers/ids/11/master").ephemeralOwner
         b.kill()
         b.launch()  # listening while the dead session still holds every node
@@ -264,12 +265,12 @@ def test_crash_restart_on_the_same_port_starts_at_once(
         with Wire(b.address) as w:
             assert _code(w.call(put_line("orders", 0, b"x", 1))) == 200
         want = _expected(b, 11, b.config_path)
-        wait_until(
+        wait_for(
             lambda: (
                 _mine(zk, 11) == want
                 and zk.exists("/meta/brokers/ids/11/master").ephemeralOwner != old
             ),
-            timeout=30,
+            timeout_s=30,
             what="registered by the new run once the old session expired",
         )
         assert "a previous run of this broker?" in b.log_text()

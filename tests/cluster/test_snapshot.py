@@ -21,7 +21,7 @@ from pymetaq.offsets import OffsetEntry
 from pymetaq.offsets.zk import ZkOffsetStore
 from pymetaq.server.config import parse_config
 from pymetaq.server.registry import BrokerRegistry
-from tests.cluster.conftest import wait_until
+from tests._helpers import wait_for
 
 pytestmark = [pytest.mark.zk, pytest.mark.integration]
 
@@ -56,7 +56,7 @@ def test_snapshot_of_brokers_topics_and_groups(
         on_revoke=lambda p: None,
     )
     coord.start()
-    wait_until(coord.settled, what="group settled")
+    wait_for(coord.settled, what="group settled")
     ZkOffsetStore(client=zk).commit("g", [OffsetEntry("t", "10-0", 4096, 77)])
     try:
         snap = read_cluster(zk)

@@ -29,7 +29,7 @@ def _spec(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if kind == "postgresql":
         return str(request.getfixturevalue("pg_url"))
     if kind == "zk":
-        return "zk://" + str(request.getfixturevalue("zk_hosts"))
+        return "zk://" + str(request.getfixturevalue("zk_hosts")) + "/meta"
     raise AssertionError(kind)
 
 

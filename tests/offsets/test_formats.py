@@ -108,7 +108,7 @@ def test_open_offset_store_rejects_unknown_scheme() -> None:
 def test_zk_store_uses_metaq_paths_and_values(zk_hosts: str) -> None:
     from kazoo.client import KazooClient
 
-    store = open_offset_store("zk://" + zk_hosts)
+    store = open_offset_store("zk://" + zk_hosts + "/meta")
     store.commit("grp", [OffsetEntry("topic", "0-1", 2048, 42)])
     store.close()
     client = KazooClient(hosts=zk_hosts)
@@ -120,7 +120,7 @@ def test_zk_store_uses_metaq_paths_and_values(zk_hosts: str) -> None:
     finally:
         client.stop()
         client.close()
-    store = open_offset_store("zk://" + zk_hosts)
+    store = open_offset_store("zk://" + zk_hosts + "/meta")
     try:
         assert store.load("grp", "topic", "0-2") == OffsetEntry("topic", "0-2", 512, -1)
     finally:
