@@ -9,6 +9,9 @@ Every public name is imported lazily on first access (PEP 562 ``__getattr__``), 
 ``pymetaq.client`` (or its codec, ``pymetaq.client.protocol``) loads nothing else, and the
 producer never loads the consumer. The map of the subpackages is in ``docs/internals.md``.
 
+``__version__`` is pymetaq's one version (pyproject reads it; ``pymetaq --version``, the
+broker's ``version`` reply and ``stats`` report it).
+
 Thread-safety: see each class.
 """
 
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from pymetaq.client.consumer import AsyncConsumer, Consumer, ConsumerConfig
@@ -26,9 +31,11 @@ if TYPE_CHECKING:
         MessageMayBeStored,
         MessageTooLarge,
         MetaClientError,
+        MissingDependency,
         NoBrokerAvailable,
         OffsetOutOfRange,
         RequestTimeout,
+        SerializationError,
         UnknownTopicOrPartition,
     )
     from pymetaq.client.producer import (
@@ -65,6 +72,8 @@ _LAZY = {
     "RequestTimeout": "pymetaq.client.errors",
     "UnknownTopicOrPartition": "pymetaq.client.errors",
     "MessageMayBeStored": "pymetaq.client.errors",
+    "MissingDependency": "pymetaq.client.errors",
+    "SerializationError": "pymetaq.client.errors",
 }
 
 __all__ = [
@@ -80,6 +89,7 @@ __all__ = [
     "MessageMayBeStored",
     "MessageTooLarge",
     "MetaClientError",
+    "MissingDependency",
     "NoBrokerAvailable",
     "OffsetOutOfRange",
     "OrderedProducer",
@@ -88,6 +98,7 @@ __all__ = [
     "RequestTimeout",
     "SendHandle",
     "SendResult",
+    "SerializationError",
     "TopicPartition",
     "UnknownTopicOrPartition",
 ]

@@ -27,11 +27,22 @@ MetaClientError (retriable: bool, invalid_metadata: bool)
 ├── ClientClosed                         the producer/consumer was closed (not retriable)
 ├── ConsumerError                        the consumer's own usage errors (not retriable)
 │   ├── NoCommittedOffset (group, tp)    initial position ``none`` and nothing committed
-│   └── NotAssigned (tp)                 a partition this consumer does not own
-└── SpoolError                           the local spool (recover / ordered producer)
-    ├── SpoolLocked (r)                  another process has the spool directory open
-    ├── SpoolFull (r)                    ``max_entries`` pending already
-    └── SpoolClosed                      the spool was closed
+│   ├── NotAssigned (tp)                 a partition this consumer does not own
+│   └── InvalidGroupName                 not a group name MetaQ accepts (also a ValueError)
+├── SpoolError                           the local spool (recover / ordered producer)
+│   ├── SpoolLocked (r)                  another process has the spool directory open
+│   ├── SpoolFull (r)                    ``max_entries`` pending already
+│   └── SpoolClosed                      the spool was closed
+├── OffsetStoreError                     an offset store (``pymetaq.offsets.base``)
+│   ├── OffsetStoreUnavailable (r)       its database, ZooKeeper or file cannot be used now
+│   └── CorruptOffsetData                what it holds cannot be parsed
+├── SerializationError                   a value or key is not bytes and no serializer is
+│                                        set, or the (de)serializer raised (also a TypeError)
+├── UnknownOption                        a constructor keyword that is no config field
+│                                        (also a TypeError; says what was probably meant)
+├── InvalidConfig                        a config value that is not allowed (also a ValueError)
+└── MissingDependency (extra)            an optional dependency is not installed: names the
+                                         pymetaq extra to install (also an ImportError)
 ```
 
 (r) retriable; (m) ``invalid_metadata``: the client refreshes the topic's partition list in the
@@ -232,6 +243,10 @@ class NotAssigned(ConsumerError):
         self.topic_partition = tp
 
 
+class InvalidGroupName(ConsumerError, ValueError):
+    """A consumer group (or broadcast instance id) MetaQ would refuse."""
+
+
 class SpoolError(MetaClientError):
     """Base of spool faults; ``retriable`` says whether retrying may succeed."""
 
@@ -252,6 +267,53 @@ class SpoolFull(SpoolError):
 
 class SpoolClosed(SpoolError):
     """The spool was closed."""
+
+
+class SerializationError(MetaClientError, TypeError):
+    """A value or key the client cannot send or decode as asked: not ``bytes`` without a
+    serializer, or the configured (de)serializer raised (``__cause__``)."""
+
+
+class UnknownOption(MetaClientError, TypeError):
+    """A keyword option that is no field of the producer's or consumer's configuration."""
+
+
+class InvalidConfig(MetaClientError, ValueError):
+    """A producer or consumer option has a value it cannot take (the message says which)."""
+
+
+class MissingDependency(MetaClientError, ImportError):
+    """A feature needs an optional dependency that is not installed; ``extra`` is the pymetaq
+    extra that installs it (``pip install 'pymetaq[<extra>]'``)."""
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        super().__init__(
+            f"{feature} needs {package}, which is not installed: pip install 'pymetaq[{extra}]'"
+        )
+        self.feature = feature
+        self.package = package
+        self.extra = extra
+
+
+def unknown_options(
+    kind: str, unknown: set[str], known: set[str], hints: dict[str, str]
+) -> UnknownOption:
+    """The :class:`UnknownOption` for ``unknown`` keyword names of a ``kind`` (``"producer"``,
+    ``"consumer"``): each with the option meant (``hints``: other clients' names, e.g. Kafka's)
+    or the closest known name."""
+    import difflib
+
+    parts = []
+    for name in sorted(unknown):
+        hint = hints.get(name)
+        if hint is None:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else ""
+        parts.append(f"{name!r}" + (f" ({hint})" if hint else ""))
+    return UnknownOption(
+        f"unknown {kind} option(s): {', '.join(parts)}; the options are the fields of "
+        f"{kind.capitalize()}Config"
+    )
 
 
 _BY_CODE: dict[int, type[BrokerError]] = {

@@ -11,6 +11,12 @@ from typing import NamedTuple
 
 from pymetaq.client.errors import MetaClientError
 
+#: MetaQ's id epoch (``IdWorker.twepoch``); ``pymetaq.storage.ids.EPOCH_MS`` is the same
+#: number (the client may not import the storage engine; a test keeps them equal)
+ID_EPOCH_MS = 1303895660503
+#: bits below an id's time: 10 of broker id, 12 of sequence
+ID_TIME_SHIFT = 22
+
 
 class Message(NamedTuple):
     """A fetched message (immutable).
@@ -20,6 +26,11 @@ class Message(NamedTuple):
     ``offset`` is the byte position of the stored record; ``next_offset`` the position of the
     next record (fetch from there to continue). For an lz4 batch every inner message shares the
     outer record's ``offset``, ``next_offset`` and ``id``.
+
+    ``key`` is the key the producer sent it with (it travels in MetaQ's attribute, see
+    :mod:`pymetaq.client.transport.records`), None for a message sent without one (or by a
+    MetaQ client); ``attribute`` is the attribute the producer gave. With a consumer's
+    ``value_deserializer``/``key_deserializer`` the two fields hold what they return.
 
     A named tuple: the consumer builds one per record in C (``tuple.__new__`` over ``zip``),
     about 0.1 us instead of ~1 us for a frozen dataclass; fields read at C speed.
@@ -33,10 +44,23 @@ class Message(NamedTuple):
     attribute: str | None = None
     next_offset: int = 0
     broker_id: int = 0
+    key: bytes | None = None
 
     @property
     def partition_key(self) -> str:
         return f"{self.broker_id}-{self.partition}"
+
+    @property
+    def timestamp(self) -> int:
+        """When the broker stored the message, in epoch milliseconds: the time bits of its id,
+        ``(id >> 22) + 1303895660503``.
+
+        pymetaq brokers take the time from the wall clock and never let it go backwards (a
+        clock stepped back, or more than 4096 messages in a millisecond, give times slightly
+        ahead of the wall clock). MetaQ's own brokers used ``System.nanoTime()``, whose origin
+        is arbitrary: for messages a MetaQ broker stored the value is not a date.
+        """
+        return (self.id >> ID_TIME_SHIFT) + ID_EPOCH_MS
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,9 +8,16 @@
 
 Every store implements :class:`OffsetStore`; ``commit`` never moves an offset backwards,
 ``reset`` may.  :func:`open_offset_store` builds one from a URL-like string.
+
+The SQL and ZooKeeper stores are imported on first use (PEP 562), so importing the package (and
+the consumer, whose default is the file store) never loads SQLAlchemy or kazoo; without their
+extra (``sql``/``pg``, ``zk``) using them raises
+:class:`~pymetaq.client.errors.MissingDependency` naming it.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from pymetaq.offsets.base import (
     CorruptOffsetData,
@@ -21,8 +28,11 @@ from pymetaq.offsets.base import (
     partition_key,
     split_partition_key,
 )
-from pymetaq.offsets.file import FileOffsetStore
-from pymetaq.offsets.sql import SqlOffsetStore, configure_sqlite, create_sqlite_engine
+from pymetaq.offsets.file import FileOffsetStore, default_path
+
+if TYPE_CHECKING:
+    from pymetaq.offsets.sql import SqlOffsetStore, configure_sqlite, create_sqlite_engine
+    from pymetaq.offsets.zk import ZkOffsetStore
 
 __all__ = [
     "CorruptOffsetData",
@@ -35,18 +45,31 @@ __all__ = [
     "ZkOffsetStore",
     "configure_sqlite",
     "create_sqlite_engine",
+    "default_path",
     "open_offset_store",
     "partition_key",
     "split_partition_key",
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name == "ZkOffsetStore":  # lazy: kazoo is an optional dependency
-        from pymetaq.offsets.zk import ZkOffsetStore
+#: lazily imported name -> its module (SQLAlchemy and kazoo are optional dependencies)
+_LAZY = {
+    "SqlOffsetStore": "pymetaq.offsets.sql",
+    "configure_sqlite": "pymetaq.offsets.sql",
+    "create_sqlite_engine": "pymetaq.offsets.sql",
+    "ZkOffsetStore": "pymetaq.offsets.zk",
+}
 
-        return ZkOffsetStore
-    raise AttributeError(name)
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pymetaq.offsets' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def open_offset_store(spec: str) -> OffsetStore:
@@ -59,6 +82,8 @@ def open_offset_store(spec: str) -> OffsetStore:
     if spec.startswith("file:"):
         return FileOffsetStore(spec[len("file:") :])
     if spec.startswith(("sqlite", "postgresql")):
+        from pymetaq.offsets.sql import SqlOffsetStore
+
         return SqlOffsetStore(spec)
     if spec.startswith("zk://"):
         from pymetaq.client.protocol.zk import parse_zk_url

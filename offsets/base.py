@@ -11,6 +11,10 @@ Rules every store follows:
   call carries several entries for the same partition, the highest offset wins.
 - ``reset`` sets offsets exactly, backwards included (operator tool: ``offsets reset``).
 
+Errors: :class:`OffsetStoreError` and its subclasses are client errors
+(:class:`pymetaq.client.errors.MetaClientError`), so one ``except MetaClientError`` covers a
+consumer and its store.
+
 Thread-safety: pure values and functions.
 """
 
@@ -19,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from pymetaq.client.errors import MetaClientError
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,7 @@ class OffsetStore(Protocol):
     def close(self) -> None: ...
 
 
-class OffsetStoreError(Exception):
+class OffsetStoreError(MetaClientError):
     """Base of every offset-store fault; ``retriable`` says whether retrying may succeed."""
 
     retriable: bool = False

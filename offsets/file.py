@@ -5,8 +5,11 @@
               "offset": 1024, "msgId": 42}]}
 ```
 
-MetaQ keeps this file at ``~/.meta_offsets`` for broadcast consumers.  Unlike MetaQ, ``msgId`` is
-reloaded.  Every commit rewrites the whole file atomically: write ``<name>.tmp.<pid>.<n>``,
+The default location is ``~/.pymetaq_offsets`` (:func:`default_path`), shared by
+``FileOffsetStore()``, a grouped ``Consumer`` without an ``offset_store`` and the CLI
+(``pymetaq consume --group``, ``pymetaq offsets``).  MetaQ keeps the same format at
+``~/.meta_offsets``; pymetaq does not share that file (MetaQ writes it without a lock).
+Unlike MetaQ, ``msgId`` is reloaded.  Every commit rewrites the whole file atomically: write ``<name>.tmp.<pid>.<n>``,
 fsync it, rename it over the file, fsync the directory, so a crash leaves the old or the new
 file, never a mix.
 
@@ -43,8 +46,8 @@ _State = dict[str, dict[tuple[str, str], OffsetEntry]]
 
 
 def default_path() -> Path:
-    """MetaQ's default location, ``~/.meta_offsets``."""
-    return Path.home() / ".meta_offsets"
+    """The one default location, ``~/.pymetaq_offsets`` (see the module docstring)."""
+    return Path.home() / ".pymetaq_offsets"
 
 
 class FileOffsetStore:

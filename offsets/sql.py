@@ -32,8 +32,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from pymetaq.client.errors import MissingDependency
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.engine import Connection, Engine
+except ImportError as exc:  # the ``sql`` extra is not installed
+    raise MissingDependency("SqlOffsetStore", "SQLAlchemy", "sql") from exc
 
 from pymetaq.offsets.base import (
     OffsetEntry,
@@ -91,6 +96,18 @@ def create_sqlite_engine(url: str) -> Engine:
     return configure_sqlite(engine)
 
 
+def _engine_for(url: str) -> Engine:
+    """The engine for a URL; a malformed URL is a ``ValueError``, a missing driver a
+    :class:`MissingDependency` naming the extra."""
+    try:
+        return create_sqlite_engine(url) if url.startswith("sqlite") else sa.create_engine(url)
+    except ModuleNotFoundError as e:  # the driver (psycopg for postgresql+psycopg://)
+        scheme = url.split(":", 1)[0]
+        raise MissingDependency(f"SqlOffsetStore on {scheme}", e.name or "its driver", "pg") from e
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as e:
+        raise ValueError(f"bad offset store URL {url!r}: {e}") from e
+
+
 def _insert(dialect: str) -> Any:
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -138,9 +155,7 @@ class SqlOffsetStore:
         self._owns_engine = engine is None
         if engine is None:
             assert url is not None
-            engine = (
-                create_sqlite_engine(url) if url.startswith("sqlite") else sa.create_engine(url)
-            )
+            engine = _engine_for(url)
         self.engine = engine
         _insert(engine.dialect.name)  # fail early on an unsupported dialect
         self._create_table()

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from pymetaq.client.errors import MissingDependency
 from pymetaq.client.protocol import zk as layout
 from pymetaq.offsets.base import (
     CorruptOffsetData,
@@ -55,7 +56,10 @@ class ZkOffsetStore:
         root: str = DEFAULT_ROOT,
         timeout_s: float = 10.0,
     ) -> None:
-        from kazoo.client import KazooClient
+        try:
+            from kazoo.client import KazooClient
+        except ImportError as e:  # the ``zk`` extra is not installed
+            raise MissingDependency("ZkOffsetStore", "kazoo", "zk") from e
 
         if (hosts is None) == (client is None):
             raise ValueError("give exactly one of hosts or client")

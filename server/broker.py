@@ -33,7 +33,8 @@ import time
 from types import TracebackType
 from typing import Any
 
-from pymetaq.server.config import BrokerConfig, load_config
+from pymetaq.server import default_config
+from pymetaq.server.config import BrokerConfig
 from pymetaq.server.connection import Connection
 from pymetaq.server.dispatch import Dispatcher
 from pymetaq.server.errors import BrokerStateError, ConfigError, StartupError
@@ -126,17 +127,17 @@ class Broker:
             self._stopped.set()
 
     def run(self) -> int:
-        """Serve in the foreground with signal handling; the process's exit code."""
+        """Serve in the foreground with signal handling; the process's exit code.
+
+        Raises :class:`StartupError` (a reason for a person: the ``pymetaq`` command prints it
+        without a traceback) when the broker cannot start, also for a ZooKeeper registration
+        that failed (``broker <id> not started: ...``), and :class:`ConfigError`."""
         try:
             asyncio.run(self.serve(install_signals=True, own_process=True))
-        except ConfigError:
+        except (ConfigError, StartupError):
             raise
-        except StartupError as exc:  # a reason for a person, not a traceback
-            log.error("%s", exc)
-            return 1
         except RegistryError as exc:
-            log.error("broker %d not started: %s", self.config.system.broker_id, exc)
-            return 1
+            raise StartupError(f"broker {self.config.system.broker_id} not started: {exc}") from exc
         except Exception:
             log.exception("broker failed")
             return 1
@@ -215,10 +216,10 @@ class Broker:
             if report.fenced:
                 log.error(
                     "partition %s-%d is fenced (damaged): puts and gets to it fail until "
-                    "`pymetaq repair -f %s` is run with the broker stopped",
+                    "`pymetaq repair%s` is run with the broker stopped",
                     report.topic,
                     report.partition,
-                    self.config.path,
+                    default_config.file_option(self.config),
                 )
         self.store.start()
         try:
@@ -320,7 +321,7 @@ class Broker:
     def reload_now(self) -> tuple[bool, str]:
         """(loop thread) Reload now: (applied?, what happened - for ``admin reload``)."""
         try:
-            new = load_config(self.config.path)
+            new = default_config.load(self.config.path)
         except ConfigError as exc:
             log.error("config reload failed, keeping the old configuration: %s", exc)
             return False, f"config reload failed, keeping the old configuration: {exc}"

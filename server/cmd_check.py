@@ -2,11 +2,12 @@
 
 ::
 
-    pymetaq check  -f conf/server.ini [--topic T] [--quick]     read-only report
-    pymetaq repair -f conf/server.ini [--topic T]               fix, with the broker stopped
-    (or --data-path DIR instead of -f)
+    pymetaq check  [-f server.ini] [--topic T] [--quick] [--json]   read-only report
+    pymetaq repair [-f server.ini] [--topic T]                      fix, with the broker stopped
+    (or --data-path DIR instead of -f; neither: the packaged default's ./data, as
+    ``pymetaq server`` without -f)
 
-``check`` walks every partition directory under ``dataPath`` (and per-topic ``dataPath`` s):
+``check`` (``--json``: the same report as JSON) walks every partition directory under ``dataPath`` (and per-topic ``dataPath`` s):
 each segment record by record (``--quick``: only the newest), continuity between segments,
 interrupted rolls, the high-water mark.  It never writes, and may run next to a live broker
 (whose newest segment tails it then does not judge).  Exit code 0: no damage; 1: damage found;
@@ -25,12 +26,15 @@ Thread-safety: a process entry point.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
 import sys
 from typing import Any
 
-from pymetaq.server.errors import ConfigError
+from pymetaq.client.cli.common import UsageError
+from pymetaq.server import default_config
 from pymetaq.storage.check import PartitionCheck, check_partition, repair_partition
 from pymetaq.storage.datadir import DataDirLock, lock_holder
 from pymetaq.storage.errors import StorageError
@@ -43,21 +47,24 @@ def add_parser(subparsers: Any) -> None:
         ("repair", run_repair, "repair damaged partition logs (broker stopped)"),
     ):
         p = subparsers.add_parser(name, help=text, description=text)
-        where = p.add_mutually_exclusive_group(required=True)
-        where.add_argument("-f", "--config", help="server.ini: check its dataPath(s)")
+        where = p.add_mutually_exclusive_group()
+        where.add_argument(
+            "-f",
+            "--config",
+            help="server.ini: check its dataPath(s) (default: the packaged default's ./data)",
+        )
         where.add_argument("--data-path", help="a data directory (instead of -f)")
         p.add_argument("--topic", help="only this topic's partitions")
         if name == "check":
             p.add_argument("--quick", action="store_true", help="walk only the newest segments")
+            p.add_argument("--json", action="store_true", help="print JSON (same exit code)")
         p.set_defaults(func=func)
 
 
 def _roots(args: argparse.Namespace) -> list[str]:
     if args.data_path:
         return [os.path.abspath(args.data_path)]
-    from pymetaq.server.config import load_config
-
-    config = load_config(args.config)
+    config = default_config.load(args.config)  # ConfigError: exit code 2 (server/cli.py)
     roots = [config.system.data_path]
     roots += [t.data_path for t in config.topics if t.data_path and t.data_path not in roots]
     return roots
@@ -89,45 +96,81 @@ def _print_check(pc: PartitionCheck, show_fix: bool = True, quick: bool = False)
             print(f"        repair: {f.fix}")
 
 
-def _start(args: argparse.Namespace, verb: str) -> list[str] | None:
-    try:
-        roots = _roots(args)
-    except ConfigError as exc:
-        print(f"pymetaq {verb}: configuration error: {exc}", file=sys.stderr)
-        return None
+def _start(args: argparse.Namespace) -> list[str]:
+    roots = _roots(args)
     missing = [r for r in roots if not os.path.isdir(r)]
     if missing:
-        print(f"pymetaq {verb}: no such data directory: {missing[0]}", file=sys.stderr)
-        return None
+        raise UsageError(
+            f"no such data directory: {missing[0]}",
+            None if args.config or args.data_path else "name the broker's with -f or --data-path",
+        )
     return roots
 
 
+def _how(args: argparse.Namespace) -> str:
+    """The options that name the same data again (for a hint)."""
+    if args.data_path:
+        return f" --data-path {args.data_path}"
+    return f" -f {args.config}" if args.config else ""
+
+
+def _checked(args: argparse.Namespace, root: str, live: bool) -> list[PartitionCheck]:
+    out = []
+    for topic, partition, path in _partitions(root, args.topic):
+        try:
+            pc = check_partition(path, topic, partition, quick=args.quick, live=live)
+        except OSError as exc:
+            pc = PartitionCheck(topic, partition, path)
+            pc.add(True, "", f"cannot list the directory: {exc.strerror or exc}")
+        out.append(pc)
+    return out
+
+
+def _as_json(pc: PartitionCheck) -> dict[str, object]:
+    return {
+        "topic": pc.topic,
+        "partition": pc.partition,
+        "damaged": pc.damaged,
+        "segments": pc.segments,
+        "records": pc.records,
+        "min_offset": pc.min_offset,
+        "max_offset": pc.max_offset,
+        "findings": [dataclasses.asdict(f) for f in pc.findings],
+    }
+
+
 def run_check(args: argparse.Namespace) -> int:
-    roots = _start(args, "check")
-    if roots is None:
-        return 2
+    roots = _start(args)
     total = damaged = 0
+    docs = []
     for root in roots:
         pid = lock_holder(root)
         live = pid is not None
+        checks = _checked(args, root, live)
+        total += len(checks)
+        damaged += sum(pc.damaged for pc in checks)
+        if args.json:
+            docs.append(
+                {
+                    "data_path": root,
+                    "broker_pid": pid,
+                    "partitions": [_as_json(pc) for pc in checks],
+                }
+            )
+            continue
         who = f"broker pid {pid} is running on it" if live else "no broker running"
         print(f"pymetaq check: {root} ({who})")
         if live:
             print("  (the newest segments are being written: their tails are not judged)")
-        for topic, partition, path in _partitions(root, args.topic):
-            try:
-                pc = check_partition(path, topic, partition, quick=args.quick, live=live)
-            except OSError as exc:
-                pc = PartitionCheck(topic, partition, path)
-                pc.add(True, "", f"cannot list the directory: {exc.strerror or exc}")
+        for pc in checks:
             _print_check(pc, quick=args.quick)
-            total += 1
-            damaged += pc.damaged
+    if args.json:
+        print(json.dumps(docs, indent=1))
+        return 1 if damaged else 0
     print(f"{total} partition(s) checked: {total - damaged} ok, {damaged} damaged")
     if damaged:
-        how = f"-f {args.config}" if args.config else f"--data-path {args.data_path}"
         print(
-            f"Stop the broker and run `pymetaq repair {how}`: damaged files are moved aside "
+            f"Stop the broker and run `pymetaq repair{_how(args)}`: damaged files are moved aside "
             "(never deleted) and missing ranges are skipped by consumers."
         )
     return 1 if damaged else 0
@@ -135,9 +178,7 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_repair(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.ERROR)  # every action is printed below, once
-    roots = _start(args, "repair")
-    if roots is None:
-        return 2
+    roots = _start(args)
     locks = []
     try:
         for root in roots:

@@ -1,9 +1,13 @@
-"""``pymetaq server -f conf/server.ini``: run a broker in the foreground.
+"""``pymetaq server [-f server.ini]``: run a broker in the foreground.
 
-Logs to stderr; the first INFO line after recovery is
+Without ``-f`` the broker runs the packaged standalone configuration
+(:mod:`pymetaq.server.default_config`: 127.0.0.1:8123, no ZooKeeper, data in ``./data``).
+Logs to stderr, one readable line per event; the first INFO line after recovery is
 ``pymetaq broker <id> listening on <host>:<port> (data: <abs path>)``.  Exit codes: 0 after a
 clean stop (SIGTERM/SIGINT), 2 for a configuration error (the message names the file, line,
-section and key, with a did-you-mean hint), 1 for any other startup or runtime failure.
+section and key, with a did-you-mean hint), 1 when the broker cannot start (the port is in use,
+the data directory is locked or unwritable, ZooKeeper is unreachable) or fails later; startup
+errors are raised to ``pymetaq.server.cli.main``, which prints them without a traceback.
 
 Thread-safety: a process entry point.
 """
@@ -15,12 +19,19 @@ import logging
 import sys
 from typing import Any
 
-from pymetaq.server.errors import ConfigError
-
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("server", help="run a broker in the foreground")
-    p.add_argument("-f", "--config", required=True, help="path of server.ini (MetaQ format)")
+    p = subparsers.add_parser(
+        "server",
+        help="run a broker in the foreground",
+        description="Run a broker in the foreground (Ctrl-C or SIGTERM stops it cleanly).",
+    )
+    p.add_argument(
+        "-f",
+        "--config",
+        help="path of server.ini (MetaQ format); default: the packaged standalone "
+        "configuration (127.0.0.1:8123, data in ./data; `pymetaq config --print` shows it)",
+    )
     p.add_argument("--port", type=int, default=None, help="override [system] serverPort")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run)
@@ -44,14 +55,15 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from pymetaq.server import default_config
     from pymetaq.server.broker import Broker
-    from pymetaq.server.config import load_config
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"pymetaq: configuration error: {exc}", file=sys.stderr)
-        return 2
+    config = default_config.load(args.config)  # ConfigError: exit code 2 (server/cli.py)
+    if args.config is None:
+        logging.getLogger("pymetaq.server").info(
+            "no -f: running the packaged standalone configuration "
+            "(`pymetaq config --print > server.ini` writes it out to edit)"
+        )
     if args.port is not None:
         config = config.with_system(server_port=args.port)
     _raise_fd_limit()

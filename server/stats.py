@@ -50,9 +50,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 
+from pymetaq.client import __version__
 from pymetaq.server.config import BrokerConfig
 
-VERSION = "pymetaq-0.1.0 (MetaQ 1.4 protocol)"
+VERSION = f"pymetaq-{__version__} (MetaQ 1.4 protocol)"
 REALTIME_ITEMS = ("put", "get", "offset", "get_miss", "put_failed", "message_size")
 REALTIME_RESET_S = 30 * 60
 #: ``stats help``: MetaQ's six lines, then pymetaq's additions

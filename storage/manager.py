@@ -254,7 +254,8 @@ class MessageStoreManager:
         self.ids.observe(report.last_msg_id)
         self.recovery_reports.append(report)
         noteworthy = report.bytes_cut or report.records_cut or report.gap or report.adopted
-        log.log(logging.WARNING if noteworthy else logging.INFO, "recovered %s", report)
+        level = logging.WARNING if noteworthy else logging.DEBUG if report.created else logging.INFO
+        log.log(level, "%s", report.describe())
 
     def _fence(self, topic: str, partition: int, directory: str, exc: Exception) -> RecoveryReport:
         reason = f"partition {topic}-{partition} is damaged and fenced: {exc}"

@@ -74,11 +74,33 @@ class RecoveryReport:
     gap: tuple[int, int] | None = None  # [end, high-water): handed-out offsets whose data is gone
     fenced: str | None = None  # why the partition is fenced (damaged); then nothing was opened
     notes: tuple[str, ...] = ()
+    created: bool = (
+        False  # a new, empty partition (no files, no high-water mark): nothing to recover
+    )
 
     @property
     def lost_data(self) -> bool:
         """Something that had been written is gone (cut, missing or unreadable)."""
         return bool(self.records_cut or self.bytes_cut or self.gap or self.fenced)
+
+    def describe(self) -> str:
+        """One line for a person (what the broker logs when it opens the partition)."""
+        name = f"{self.topic}-{self.partition}"
+        if self.fenced:
+            return f"{name}: damaged and fenced: {self.fenced}"
+        if self.created:
+            return f"{name}: created in {self.directory}"
+        how = (
+            "clean shutdown, not scanned"
+            if self.clean
+            else f"scanned {self.records_scanned} record(s), {self.bytes_scanned} bytes"
+        )
+        parts = [
+            f"{name}: recovered {self.segments} segment(s), offsets "
+            f"{self.min_offset}..{self.max_offset} ({how})"
+        ]
+        parts.extend(self.notes)  # what was cut, adopted or skipped, and why
+        return "; ".join(parts)
 
 
 @dataclass
@@ -178,6 +200,7 @@ def _create_first(
         min_offset=start,
         max_offset=start,
         notes=tuple(notes),
+        created=not notes,
     )
     return [seg], report
 

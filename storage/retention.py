@@ -44,6 +44,13 @@ class RetentionAction:
     kind: RetentionActionKind
     path: str  # the resulting file (archive) or the deleted one
 
+    def describe(self) -> str:
+        """One line for a person (what the broker logs)."""
+        return (
+            f"{self.topic}-{self.partition}: {self.kind.value} the segment at offset "
+            f"{self.start} ({self.size} bytes): {self.path}"
+        )
+
 
 def is_expired(mtime: float, now: float, keep_seconds: float) -> bool:
     """MetaQ's time predicate: ``now - mtime > keep``."""
@@ -74,7 +81,7 @@ def apply_retention(
     for seg in plog.detach_prefix(keep):
         seg.file.close()
         actions.append(_act(plog, seg, pol, disk))
-        log.info("retention %s: %s", plog.name, actions[-1])
+        log.info("retention: %s", actions[-1].describe())
     return actions
 
 

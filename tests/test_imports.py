@@ -65,3 +65,11 @@ def test_importing_the_consumer_loads_no_storage_engine_nor_server() -> None:
     storage = {m.split(".")[2] for m in loaded if m.startswith("pymetaq.storage.")}
     assert storage <= {"record", "checksum", "errors"}, storage
     assert "crcmod" not in loaded
+    # the default offset store is the file store: SQLAlchemy and kazoo load only when used
+    assert not [m for m in loaded if m.split(".")[0] in ("sqlalchemy", "kazoo")]
+    assert "pymetaq.offsets.sql" not in loaded
+
+
+def test_importing_the_cli_loads_no_optional_dependency() -> None:
+    loaded = _loaded_after("import pymetaq.server.cli")
+    assert not [m for m in loaded if m.split(".")[0] in ("sqlalchemy", "kazoo", "crcmod")]

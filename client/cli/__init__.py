@@ -1,5 +1,6 @@
-"""The client's ``pymetaq`` subcommands: ``produce``, ``consume``, ``offsets``, ``stats``, ``top``,
-``admin``, ``cluster``.
+"""The client's ``pymetaq`` subcommands: ``produce``, ``consume``, ``offsets``, ``topics``,
+``stats``, ``top``, ``admin``, ``cluster`` (what they share — servers, offset stores, output,
+errors — is in ``common``).
 
 ``pymetaq.server.cli`` (which keeps ``main()``) imports this package and the server's own
 commands explicitly and calls :func:`add_parsers` once; each command module has
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pymetaq.client.cli import admin, cluster, consume, offsets, produce, stats, top
+from pymetaq.client.cli import admin, cluster, consume, offsets, produce, stats, top, topics
 
 
 def add_parsers(subparsers: Any) -> None:
     """Register every client command on an ``ArgumentParser``'s subparsers."""
-    for command in (produce, consume, offsets, stats, top, admin, cluster):
+    for command in (produce, consume, offsets, topics, stats, top, admin, cluster):
         command.add_parser(subparsers)

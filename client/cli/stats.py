@@ -1,8 +1,11 @@
-"""``pymetaq stats [item] [--server host:port]``: print a broker's stats.
+"""``pymetaq stats [item] [--servers URLS] [--json]``: print brokers' stats.
 
-Sends ``stats <item> <opaque>`` over a plain socket and prints the reply body (the lines between
-``STATS`` and ``END``, or the raw server.ini for ``config``).  Exit code 0 on a 200 reply, 1
-otherwise.
+Sends ``stats <item> <opaque>`` to each broker of ``--servers`` (``meta://host:port[,...]``;
+``host:port`` works too; default ``$PYMETAQ_SERVERS``, else ``meta://127.0.0.1:8123``) over a
+plain socket and prints the reply body (the lines between ``STATS`` and ``END``, or the raw
+server.ini for ``config``); with several brokers each one's lines follow a ``== <url> ==``
+line. ``--json``: a list of ``{"server": url, "stats": {key: value}}`` (numbers as numbers).
+Exit code 0 when every broker answered 200, 1 otherwise.
 
 Thread-safety: a process entry point.
 """
@@ -13,15 +16,27 @@ import argparse
 import sys
 from typing import Any
 
+from pymetaq.client.cli.common import (
+    NO_BROKER_HINT,
+    CommandError,
+    add_servers_option,
+    meta_addresses,
+    non_negative,
+    print_json,
+)
 from pymetaq.client.cli.wire import round_trip
 from pymetaq.client.protocol import ResultReply, StatsCommand
+from pymetaq.client.transport.servers import parse_stats
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("stats", help="print a broker's stats")
+    p = subparsers.add_parser("stats", help="print brokers' stats")
     p.add_argument("item", nargs="?", default="", help="topics, offsets, realtime, <topic>, ...")
-    p.add_argument("--server", default="127.0.0.1:8123", help="host:port (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds (default %(default)s)")
+    add_servers_option(p)
+    p.add_argument(
+        "--timeout", type=non_negative(float), default=10.0, help="seconds (default %(default)s)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
 
@@ -30,19 +45,46 @@ def fetch_stats(host: str, port: int, item: str = "", timeout: float = 10.0) -> 
     return round_trip(host, port, StatsCommand(item, 1), timeout)
 
 
-def run(args: argparse.Namespace) -> int:
-    host, _, port = args.server.rpartition(":")
+def stats_lines(host: str, port: int, item: str, timeout: float) -> list[str]:
+    """The reply's lines (without ``STATS``/``END``); :class:`CommandError` if the broker
+    cannot be reached or does not answer 200."""
+    url = f"meta://{host}:{port}"
     try:
-        reply = fetch_stats(host or "127.0.0.1", int(port), args.item, args.timeout)
+        reply = fetch_stats(host, port, item, timeout)
     except (OSError, ValueError) as exc:
-        print(f"pymetaq stats: {args.server}: {exc}", file=sys.stderr)
-        return 1
+        raise CommandError(f"cannot get stats from {url}: {exc}", NO_BROKER_HINT) from None
     text = reply.body.decode("utf-8", "replace")
     if reply.code != 200:
-        print(f"pymetaq stats: result {reply.code}: {text}", file=sys.stderr)
-        return 1
+        raise CommandError(f"{url} answered {reply.code}: {text}")
     lines = text.splitlines()
-    if args.item != "config" and lines[:1] == ["STATS"] and lines[-1:] == ["END"]:
+    if item != "config" and lines[:1] == ["STATS"] and lines[-1:] == ["END"]:
         lines = lines[1:-1]
-    print("\n".join(lines))
+    return lines
+
+
+def _value(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        return {"true": True, "false": False}.get(text, text)
+
+
+def run(args: argparse.Namespace) -> int:
+    brokers = meta_addresses(args, "stats")
+    docs = []
+    for host, port in brokers:
+        lines = stats_lines(host, port, args.item, args.timeout)
+        if args.json:
+            doc: dict[str, Any] = {"server": f"meta://{host}:{port}"}
+            if args.item == "config":
+                doc["config"] = "\n".join(lines) + "\n"
+            else:
+                doc["stats"] = {k: _value(v) for k, v in parse_stats("\n".join(lines)).items()}
+            docs.append(doc)
+            continue
+        if len(brokers) > 1:
+            print(f"== meta://{host}:{port} ==")
+        print("\n".join(lines))
+    if args.json:
+        print_json(docs, sys.stdout)
     return 0

@@ -21,13 +21,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from types import TracebackType
 
 from pymetaq.client.consumer.batch import Messages
 from pymetaq.client.consumer.config import UNGROUPED_GROUP
 from pymetaq.client.consumer.face import ConsumerFace
+from pymetaq.client.consumer.iterate import AsyncMessageIterator
 from pymetaq.client.errors import ClientClosed
-from pymetaq.client.types import TopicPartition
+from pymetaq.client.types import Message, TopicPartition
 
 log = logging.getLogger("pymetaq.client.consumer")
 
@@ -38,7 +40,6 @@ class AsyncConsumer(ConsumerFace):
 
     def _setup(self) -> None:
         self._committer: asyncio.Task[None] | None = None
-        self._closed = False
 
     async def start(self) -> None:
         """Connect and position (the first ``poll()`` does it if not called)."""
@@ -61,15 +62,39 @@ class AsyncConsumer(ConsumerFace):
 
     async def poll(self, timeout_s: float = 1.0, max_records: int = 0) -> Messages:
         await self.start()
+        partly = self._cursor.pending()  # an iteration stopped part-way: its rest comes again
+        self._cursor.clear()
+        if partly:
+            self._engine.rewind_partly(partly)
         limit = max_records or self.config.max_poll_records
         msgs: Messages = await self._engine.poll(timeout_s, limit)
+        try:
+            msgs = self._deserialized(msgs)
+        except BaseException:  # the caller never gets them: fetched again by the next poll
+            self._engine.rewind_unclaimed()
+            raise
         self._engine.claim()
         return msgs
 
     async def commit(self) -> None:
+        """Write the consumed positions now (including the last poll's messages; while
+        iterating, the messages handed out so far)."""
         if self._engine.opened:
-            self._engine.mark_returned_consumed()
+            self._mark_consumed(final=False)
             await asyncio.to_thread(self._engine.commit_now)
+
+    def _mark_consumed(self, final: bool) -> None:
+        """The last poll's messages count as consumed — while an iteration is part-way
+        through them, only those handed out (``final``: the rest never will)."""
+        self._engine.mark_returned_consumed(self._cursor.pending(), final=final)
+        if final:
+            self._cursor.clear()
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        """``async for message in consumer``: messages as they arrive, awaiting; stops when
+        the consumer is closed. A message counts as consumed once handed out (see
+        :mod:`pymetaq.client.consumer.iterate`)."""
+        return AsyncMessageIterator(self)
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._engine.states)
@@ -97,10 +122,10 @@ class AsyncConsumer(ConsumerFace):
         try:
             if self.membership is not None and self._engine.opened:
                 # the application is done with its last poll; leaving commits everything
-                self._engine.mark_returned_consumed()
+                self._mark_consumed(final=True)
                 await asyncio.to_thread(self.membership.leave)
             if self._engine.opened and self.config.enable_auto_commit:
-                self._engine.mark_returned_consumed()
+                self._mark_consumed(final=True)
                 await asyncio.to_thread(self._engine.commit_now)
         finally:
             await asyncio.to_thread(self._engine.reject_policy.close)

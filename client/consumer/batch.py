@@ -35,7 +35,7 @@ def make_message(
     topic: str, partition: int, offset: int, msg_id: int, value: bytes, nxt: int, broker: int
 ) -> Message:
     """A Message without an attribute, built the fast way (no Python ``__new__``)."""
-    return _new(Message, (topic, partition, offset, msg_id, value, None, nxt, broker))
+    return _new(Message, (topic, partition, offset, msg_id, value, None, nxt, broker, None))
 
 
 class MessageBatch(Sequence[Message]):
@@ -71,7 +71,7 @@ class MessageBatch(Sequence[Message]):
     def _make(self, k: int) -> Message:
         b = self._bounds
         row = (self._topic, self._part, b[k], self._ids[k], self._values[k], None, b[k + 1])
-        return _new(Message, (*row, self._broker))
+        return _new(Message, (*row, self._broker, None))
 
     @overload
     def __getitem__(self, i: int) -> Message: ...
@@ -119,6 +119,7 @@ class MessageBatch(Sequence[Message]):
             repeat(None),
             bounds[lo + 1 : hi + 1],
             repeat(self._broker),
+            repeat(None),
         )
         return map(_new, repeat(Message), rows)
 

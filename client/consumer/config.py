@@ -31,11 +31,13 @@ import os
 import re
 import socket
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-#: characters MetaQ rejects in a group name (``ConsumerConfig.checkGroup``), plus whitespace.
-_BAD_GROUP_CHARS = re.compile(r"[~!#$%^&*()+=`'\",;/?\[\]<>.:\s]")
+from pymetaq.client.errors import InvalidConfig, InvalidGroupName, unknown_options
+from pymetaq.client.protocol import zk
+
 #: the group token sent in ``get``/``offset`` by an ungrouped consumer (never committed).
 UNGROUPED_GROUP = "pymetaq-ungrouped"
 
@@ -88,6 +90,11 @@ class ConsumerConfig:
     max_poll_records: int = 0
     #: verify every record's CRC32 (MetaQ always does).
     verify_crc: bool = True
+    #: turns each message's value (``bytes``) into what ``Message.value`` holds (e.g.
+    #: ``bytes.decode`` or ``json.loads``); None: values stay bytes
+    value_deserializer: Callable[[bytes], Any] | None = None
+    #: the same for ``Message.key`` (messages without a key keep ``None``)
+    key_deserializer: Callable[[bytes], Any] | None = None
     # -- ZooKeeper groups (``servers="zk://..."`` with a group) --------------------------------
     #: how the group divides partitions: ``"DEFAULT"`` (MetaQ's range split), ``"CONSIST"``
     #: (MetaQ's consistent hashing) or ``"STICKY"`` (pymetaq only: moves as few as possible).
@@ -110,11 +117,11 @@ class ConsumerConfig:
         if isinstance(self.initial_position, str):
             object.__setattr__(self, "initial_position", InitialPosition(self.initial_position))
         if self.fetch_max_size < 64 or self.fetch_max_size_cap < self.fetch_max_size:
-            raise ValueError("need 64 <= fetch_max_size <= fetch_max_size_cap")
+            raise InvalidConfig("need 64 <= fetch_max_size <= fetch_max_size_cap")
         if self.max_fetch_retries < 0 or self.max_delay_fetch_ms < 0 or self.long_poll_ms < 0:
-            raise ValueError("max_fetch_retries, max_delay_fetch_ms, long_poll_ms must be >= 0")
+            raise InvalidConfig("max_fetch_retries, max_delay_fetch_ms, long_poll_ms must be >= 0")
         if self.commit_interval_s <= 0 or self.recover_interval_s <= 0:
-            raise ValueError("commit_interval_s and recover_interval_s must be > 0")
+            raise InvalidConfig("commit_interval_s and recover_interval_s must be > 0")
         if self.instance_id is not None:
             check_group(self.instance_id, what="instance_id")
         if self.strategy.strip().upper() not in ("DEFAULT", "CONSIST", "STICKY"):
@@ -145,19 +152,30 @@ def make_config(config: ConsumerConfig | None, overrides: dict[str, Any]) -> Con
             )
             overrides[new] = overrides.pop(old)
     known = {f.name for f in dataclasses.fields(ConsumerConfig)}
-    unknown = sorted(set(overrides) - known)
+    unknown = set(overrides) - known
     if unknown:
-        raise TypeError(f"unknown consumer option(s): {', '.join(unknown)}")
+        raise unknown_options("consumer", unknown, known, KAFKA_NAMES)
     return dataclasses.replace(cfg, **overrides)
 
 
+#: other clients' option names -> what to use instead (the UnknownOption message says so)
+KAFKA_NAMES = {
+    "group_id": "pass the group as the second argument, group=",
+    "bootstrap_servers": "pass servers as the first argument, 'meta://host:port,...'",
+    "auto_offset_reset": "use initial_position='earliest' | 'latest' | 'none' | 'auto'",
+    "auto_commit_interval_ms": "use commit_interval_s (seconds)",
+    "fetch_max_bytes": "use fetch_max_size",
+    "max_partition_fetch_bytes": "use fetch_max_size",
+}
+
+
 def check_group(group: str, *, what: str = "group") -> str:
-    """Return ``group`` if MetaQ accepts it as a group name, else raise ``ValueError``."""
-    if not group or _BAD_GROUP_CHARS.search(group):
-        raise ValueError(
-            f"invalid {what} {group!r}: empty or contains one of ~!#$%^&*()+=`'\",;/?[]<>.: or space"
-        )
-    return group
+    """Return ``group`` if MetaQ accepts it as a group name, else raise
+    :class:`~pymetaq.client.errors.InvalidGroupName` (a ``ValueError``)."""
+    try:
+        return zk.check_group(group)
+    except ValueError as e:
+        raise InvalidGroupName(f"invalid {what}: {e}") from None
 
 
 def default_instance_id() -> str:
@@ -177,9 +195,9 @@ def effective_group(group: str | None, config: ConsumerConfig) -> str | None:
     """The group offsets are kept under: ``group``, ``<group>-<instance>`` (broadcast), None."""
     if group is None:
         if config.broadcast:
-            raise ValueError("broadcast needs a group (offsets are kept per group and instance)")
+            raise InvalidConfig("broadcast needs a group (offsets are kept per group and instance)")
         if config.initial_position is InitialPosition.NONE:
-            raise ValueError("initial position 'none' is illegal for an ungrouped consumer")
+            raise InvalidConfig("initial position 'none' is illegal for an ungrouped consumer")
         return None
     check_group(group)
     if config.broadcast:

@@ -47,7 +47,7 @@ from pymetaq.client.consumer.config import (
     ConsumerConfig,
     InitialPosition,
 )
-from pymetaq.client.consumer.ledger import PollLedger
+from pymetaq.client.consumer.ledger import Partly, PollLedger
 from pymetaq.client.consumer.recover import RejectPolicy
 from pymetaq.client.consumer.scan import scan
 from pymetaq.client.consumer.state import PartitionState, Step, apply_scan, backoff
@@ -68,6 +68,8 @@ from pymetaq.offsets import OffsetEntry, OffsetStore
 from pymetaq.storage.record import HEADER_SIZE
 
 log = logging.getLogger("pymetaq.client.consumer")
+
+#: per partition: (offset of the first unprocessed message, id of the last processed or None)
 
 #: steps after which a fetch round continues at once (no result for the caller yet).
 _AGAIN = (Step.GROW, Step.SKIPPED, Step.RESYNC)
@@ -399,10 +401,22 @@ class ConsumerEngine:
         """The caller never received the last poll's messages: fetch them again."""
         self.ledger.rewind(self.states.get)
 
-    def mark_returned_consumed(self) -> None:
+    def mark_returned_consumed(self, partly: Partly | None = None, *, final: bool = True) -> None:
         """Poll semantics: what the previous poll returned now counts as consumed (also for
-        a parked partition: its position is kept for a re-assignment)."""
-        self.ledger.mark_consumed(lambda tp: self.states.get(tp) or self.parked.get(tp))
+        a parked partition: its position is kept for a re-assignment); for a partition in
+        ``partly`` only up to where the caller stopped (see :meth:`PollLedger.mark_consumed`)."""
+        self.ledger.mark_consumed(
+            lambda tp: self.states.get(tp) or self.parked.get(tp), partly, final=final
+        )
+
+    def rewind_partly(self, partly: Partly) -> None:
+        """The caller stopped part-way through the last poll's messages and polls again: what
+        it processed is consumed, the rest is fetched again (a seek to its first message)."""
+        self.mark_returned_consumed(partly)
+        for tp, (first, _last) in partly.items():
+            st = self.states.get(tp)
+            if st is not None:
+                st.request_seek(first)
 
     async def poll(self, timeout_s: float, max_records: int = 0) -> Messages:
         """Return buffered or newly fetched messages; ``[]`` after ``timeout_s``.
@@ -531,7 +545,10 @@ class ConsumerEngine:
         plain: list[tuple[PartitionState, OffsetEntry]] = []
         resets: list[tuple[PartitionState, OffsetEntry]] = []
         for st in states:
-            if st.pending_seek is not None:
+            seek = st.pending_seek
+            if seek is not None:  # requested, not applied yet: where the partition goes on
+                if seek != st.committed:
+                    resets.append((st, OffsetEntry(st.tp.topic, st.tp.key, seek, -1)))
                 continue
             e = self.entry(st)
             if st.reset_pending:
@@ -544,7 +561,7 @@ class ConsumerEngine:
             self.store.commit(self.group, [e for _, e in plain])
         for st, e in resets:
             st.committed = e.offset
-            if st.position == e.offset:  # else moved again meanwhile: reset again next time
+            if st.pending_seek is None and st.position == e.offset:  # else reset again later
                 st.reset_pending = False
         for st, e in plain:
             st.committed = e.offset

@@ -6,9 +6,10 @@
     Consumer(servers, group=None, offset_store=None, *, config=ConsumerConfig(...),
              reject_policy=None, transport=None, **overrides)
 
-``overrides`` are :class:`ConsumerConfig` fields (unknown names raise ``TypeError``). Without an
-``offset_store`` a grouped consumer uses ``FileOffsetStore("~/.pymetaq_offsets")`` (and closes
-it); without a ``reject_policy``, ``LocalRecoverPolicy(recover_dir, recover_interval_s)``.
+``overrides`` are :class:`ConsumerConfig` fields (an unknown name raises
+:class:`~pymetaq.client.errors.UnknownOption`, a ``TypeError``). Without an ``offset_store`` a
+grouped consumer uses ``FileOffsetStore()`` (``~/.pymetaq_offsets``, the default the CLI uses
+too) and closes it; without a ``reject_policy``, ``LocalRecoverPolicy(recover_dir, recover_interval_s)``.
 ``transport`` replaces the network (tests pass an in-memory one).
 
 ``servers="zk://host:port[,host:port][/root]"``: brokers come from ZooKeeper (``topics-sub``)
@@ -22,20 +23,46 @@ Thread-safety: the values set here are immutable after construction; see each fa
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Self
 
+from pymetaq.client.consumer.batch import Messages
 from pymetaq.client.consumer.config import ConsumerConfig, effective_group, make_config
 from pymetaq.client.consumer.engine import ConsumerEngine
+from pymetaq.client.consumer.iterate import BatchCursor
 from pymetaq.client.consumer.membership import Membership
 from pymetaq.client.consumer.recover import LocalRecoverPolicy, RejectPolicy
 from pymetaq.client.consumer.state import PartitionState
 from pymetaq.client.consumer.transport import BrokerTransport, ConsumerTransport
-from pymetaq.client.errors import ConsumerError
+from pymetaq.client.errors import ConsumerError, SerializationError
 from pymetaq.client.transport.zkbrokers import ZkBrokerSet
-from pymetaq.client.types import TopicPartition
-from pymetaq.offsets import FileOffsetStore, OffsetStore
-from pymetaq.offsets.zk import ZkOffsetStore
+from pymetaq.client.types import Message, TopicPartition
+from pymetaq.offsets.base import OffsetStore
+from pymetaq.offsets.file import FileOffsetStore
+
+
+def deserializer(cfg: ConsumerConfig) -> Callable[[Message], Message] | None:
+    """``Message -> Message`` through ``value_deserializer``/``key_deserializer`` (None when
+    neither is set); a deserializer that raises is a :class:`SerializationError` that names
+    the message and how to skip it."""
+    vd, kd = cfg.value_deserializer, cfg.key_deserializer
+    if vd is None and kd is None:
+        return None
+
+    def deserialize(m: Message) -> Message:
+        what = "value_deserializer"
+        try:
+            value = m.value if vd is None else vd(m.value)
+            what = "key_deserializer"
+            key = m.key if kd is None or m.key is None else kd(m.key)
+        except Exception as e:
+            raise SerializationError(
+                f"{what} failed on the message at {m.topic}/{m.partition_key} offset {m.offset}: "
+                f"{e!r} (to skip it: consumer.seek(tp, {m.next_offset}))"
+            ) from e
+        return m._replace(value=value, key=key)
+
+    return deserialize
 
 
 class ConsumerFace:
@@ -62,9 +89,11 @@ class ConsumerFace:
             offset_store = None
         elif offset_store is None:
             if zk_set is not None and not cfg.broadcast:
+                from pymetaq.offsets.zk import ZkOffsetStore  # imported only for zk:// groups
+
                 offset_store = ZkOffsetStore(client=zk_set.zk, root=zk_set.url.root)
             else:
-                offset_store = FileOffsetStore(Path.home() / ".pymetaq_offsets")
+                offset_store = FileOffsetStore()
             self._owns_store = True
         policy = reject_policy or LocalRecoverPolicy(cfg.recover_dir, cfg.recover_interval_s)
         self._engine = ConsumerEngine(tr, eff, offset_store, cfg, policy)
@@ -85,7 +114,17 @@ class ConsumerFace:
                 follow=zk_set.follow,
             )
             self._engine.membership = self.membership
+        self._closed = False
+        #: what ``for message in consumer`` is handing out (see ``iterate``)
+        self._cursor = BatchCursor()
+        #: a message through the configured deserializers (None: none configured)
+        self._deserialize = deserializer(cfg)
         self._setup()
+
+    @property
+    def closed(self) -> bool:
+        """``close()`` was called."""
+        return self._closed
 
     def _setup(self) -> None:
         """Each face's own state (called at the end of the shared constructor)."""
@@ -126,6 +165,12 @@ class ConsumerFace:
         """Counters: fetches, messages, empty, moved, errors, crc_errors, grown, commits,
         undecodable (records handed to the reject policy because they cannot be decoded)."""
         return dict(self._engine.counters)
+
+    def _deserialized(self, msgs: Messages) -> Messages:
+        """A poll's result through the deserializers; a failure is raised (the caller rewinds
+        the poll: the messages are fetched again)."""
+        fn = self._deserialize
+        return msgs if fn is None else Messages([[fn(m) for m in msgs]])
 
     def _close_store(self) -> None:
         if self._owns_store and self._engine.store is not None:

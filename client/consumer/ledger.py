@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeAlias
 
 from pymetaq.client.consumer.state import PartitionState
 from pymetaq.client.types import TopicPartition
 
 Lookup = Callable[[TopicPartition], PartitionState | None]
+#: partitions the caller stopped part-way through (an iteration): the offset of the first
+#: unprocessed message, the id of the last processed one (None: none processed)
+Partly: TypeAlias = Mapping[TopicPartition, tuple[int, int | None]]
 
 
 class PollLedger:
@@ -53,13 +57,22 @@ class PollLedger:
         self.unclaimed = {}
         self._consumed.set()
 
-    def mark_consumed(self, lookup: Lookup) -> None:
-        """What the previous poll returned now counts as consumed."""
+    def mark_consumed(
+        self, lookup: Lookup, partly: Partly | None = None, *, final: bool = True
+    ) -> None:
+        """What the previous poll returned now counts as consumed; for a partition in
+        ``partly`` only up to where the caller stopped — and, unless ``final``, the rest still
+        counts at the next poll (``commit()`` in the middle of an iteration that goes on)."""
+        held = {tp: self.returned.pop(tp) for tp in partly or () if tp in self.returned}
+        for tp, (first, last_id) in (partly or {}).items():
+            st = lookup(tp)
+            if st is not None and last_id is not None and st.pending_seek is None:
+                st.advance(first, last_id)
         for tp, (pos, mid) in self.returned.items():
             st = lookup(tp)
             if st is not None and st.pending_seek is None:
                 st.advance(pos, mid)
-        self.returned.clear()
+        self.returned = {} if final else held
         self._consumed.set()
 
     def holds(self, tps: Iterable[TopicPartition]) -> bool:

@@ -40,6 +40,7 @@ from typing import Protocol
 
 from pymetaq.client.errors import SpoolLocked, UndecodableRecord
 from pymetaq.client.spool import Spool, SpoolEntry
+from pymetaq.client.transport.records import join_key, split_key
 from pymetaq.client.types import Message, TopicPartition
 from pymetaq.storage.record import decode_data, encode_data, encode_record, iter_records
 
@@ -94,14 +95,15 @@ def default_recover_dir() -> str:
 
 def message_record(m: Message) -> bytes:
     """The message as one storage record (what the spool keeps)."""
-    data, flag = encode_data(m.value, m.attribute)
+    data, flag = encode_data(m.value, join_key(m.key, m.attribute))
     return bytes(encode_record(data, flag, m.id))
 
 
 def entry_message(e: SpoolEntry) -> Message:
     """A spooled message rebuilt."""
     rec = next(iter_records(e.record))
-    attribute, value = decode_data(rec.data, rec.flag)
+    stored, value = decode_data(rec.data, rec.flag)
+    key, attribute = split_key(stored)
     p = TopicPartition.from_key(e.topic, e.partition) if e.partition else None
     return Message(
         e.topic,
@@ -112,6 +114,7 @@ def entry_message(e: SpoolEntry) -> Message:
         attribute,
         e.offset + len(e.record),
         p.broker_id if p is not None else 0,
+        key,
     )
 
 

@@ -46,12 +46,14 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Self
 
 from pymetaq.client.consumer.batch import Messages
 from pymetaq.client.consumer.config import UNGROUPED_GROUP
 from pymetaq.client.consumer.face import ConsumerFace
+from pymetaq.client.consumer.iterate import MessageIterator
 from pymetaq.client.consumer.recover import Listener
 from pymetaq.client.consumer.state import PartitionState
 from pymetaq.client.errors import ClientClosed, ConsumerError
@@ -117,7 +119,7 @@ class Consumer(ConsumerFace):
         self._stop = threading.Event()
         self._stopping = False  # mirrors _stop for the per-message check (no call)
         self._committer: threading.Thread | None = None
-        self._started = self._closed = False
+        self._started = False
         self.failures = 0  # listener exceptions seen
 
     # ---------------------------------------------------------------- setup
@@ -126,7 +128,10 @@ class Consumer(ConsumerFace):
         """Consume ``topic``; with ``listener`` each message is passed to it (``start()``)."""
         super().subscribe(topic)
         if listener is not None:
-            self._listeners[topic] = listener
+            fn = self._deserialize
+            # a deserializer failure counts as a listener failure (retried, then rejected:
+            # the reject policy gets the message as stored)
+            self._listeners[topic] = listener if fn is None else lambda m: listener(fn(m))
         return self
 
     def _open(self) -> None:
@@ -308,13 +313,18 @@ class Consumer(ConsumerFace):
         if self._listeners:
             raise ConsumerError("poll() is for consumers subscribed without a listener")
         self._open()
+        partly = self._cursor.pending()  # an iteration stopped part-way: its rest comes again
+        self._cursor.clear()
+        if partly:
+            self._lt.run(_call(self._engine.rewind_partly, partly))
         limit = max_records or self.config.max_poll_records
         fut = self._lt.submit(self._engine.poll(timeout_s, limit))
         try:
-            msgs: Messages = fut.result()
+            msgs: Messages = self._deserialized(fut.result())
         except BaseException:
-            # interrupted (Ctrl-C): a result we never got must not count as consumed; the
-            # rewind runs on the loop after the poll ends or is cancelled (FIFO order)
+            # interrupted (Ctrl-C), or a deserializer failed: a result the caller never got
+            # must not count as consumed; the rewind runs on the loop after the poll ends or
+            # is cancelled (FIFO order)
             fut.cancel()
             self._lt.call_soon(self._engine.rewind_unclaimed)
             raise
@@ -354,13 +364,29 @@ class Consumer(ConsumerFace):
         self.seek(tp, self._lt.run(self._engine.bound(tp, end=True)))
 
     def commit(self) -> None:
-        """Write the consumed positions now (poll mode: including the last poll's messages)."""
+        """Write the consumed positions now (poll mode: including the last poll's messages;
+        while iterating, the messages handed out so far)."""
         if not self._engine.opened:
             return
         if not self._listeners:
-            self._lt.call_soon(self._engine.mark_returned_consumed)
-            self._lt.run(_noop())  # the call above has run
+            self._lt.run(_call(self._mark_consumed, False))
         self._engine.commit_now()
+
+    def _mark_consumed(self, final: bool) -> None:
+        """(loop thread) Poll mode: the last poll's messages count as consumed — while an
+        iteration is part-way through them, only those handed out. ``final`` (close): the rest
+        never will; else they do once handed out (at the next poll)."""
+        self._engine.mark_returned_consumed(self._cursor.pending(), final=final)
+        if final:
+            self._cursor.clear()
+
+    def __iter__(self) -> Iterator[Message]:
+        """``for message in consumer``: messages as they arrive (poll mode), blocking; stops
+        when the consumer is closed. A message counts as consumed once handed out (see
+        :mod:`pymetaq.client.consumer.iterate`)."""
+        if self._listeners:
+            raise ConsumerError("iteration is for consumers subscribed without a listener")
+        return MessageIterator(self)
 
     def _commit_loop(self) -> None:
         while not self._stop.wait(self.config.commit_interval_s):
@@ -397,7 +423,7 @@ class Consumer(ConsumerFace):
             self._leave_group()
             if self._engine.opened and self.config.enable_auto_commit:
                 if not self._listeners:
-                    self._engine.mark_returned_consumed()
+                    self._lt.run(_call(self._mark_consumed, True))
                 self._engine.commit_now()
         finally:
             self._engine.reject_policy.close()
@@ -413,7 +439,7 @@ class Consumer(ConsumerFace):
         if self.membership is None or not self._engine.opened:
             return
         if not self._listeners:
-            self._lt.run(_returned_consumed(self._engine), timeout_s=10)
+            self._lt.run(_call(self._mark_consumed, True), timeout_s=10)
         self.membership.leave()
 
     def __enter__(self) -> Consumer:
@@ -425,9 +451,6 @@ class Consumer(ConsumerFace):
         self.close()
 
 
-async def _noop() -> None:
-    return None
-
-
-async def _returned_consumed(engine: Any) -> None:
-    engine.mark_returned_consumed()
+async def _call(fn: Callable[..., object], *args: object) -> None:
+    """Run ``fn(*args)`` on the loop (``LoopThread.run(_call(...))``)."""
+    fn(*args)

@@ -66,13 +66,26 @@ class AsyncProducer(ProducerFace):
     #: topic must be known (``await publish(topic)`` or an earlier ``await send``).
     send_nowait = ProducerFace._queue
 
-    async def send(self, topic: str, value: bytes, **opts: Unpack[SendOptions]) -> SendResult:
+    async def send(
+        self, topic: str, value: Any, *, raise_on_error: bool = False, **opts: Unpack[SendOptions]
+    ) -> SendResult:
         """Send one message and wait for its ack (``opts``: ``key=``, ``partition=``,
-        ``attribute=``)."""
+        ``attribute=``). A failed send returns ``success=False`` (MetaQ's ``SendResult``) —
+        or, with ``raise_on_error=True`` (:meth:`send_and_wait`), raises its error."""
         engine = self._engine
         if engine.brokers.cached_partitions(topic) is None:
             await engine.brokers.partitions(topic)
-        return await engine.send_async(topic, value, force=True, **opts)
+        result: SendResult = await engine.send_async(topic, value, force=True, **opts)
+        if raise_on_error and result.error is not None:
+            raise result.error
+        return result
+
+    async def send_and_wait(
+        self, topic: str, value: Any, **opts: Unpack[SendOptions]
+    ) -> SendResult:
+        """Send one message and return its :class:`SendResult` once acknowledged; a failure
+        raises (as aiokafka's ``send_and_wait``)."""
+        return await self.send(topic, value, raise_on_error=True, **opts)
 
     async def flush(self) -> None:
         """Send everything queued now and wait for it."""

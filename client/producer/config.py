@@ -6,10 +6,15 @@ Thread-safe: immutable values.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
+from pymetaq.client.errors import InvalidConfig, unknown_options
 from pymetaq.client.producer.partitioner import PartitionerFn, make_strategy
+
+#: records a broker takes in one ``bput`` (one millisecond's worth of message ids)
+MAX_BATCH_MESSAGES = 4096
 
 
 @dataclass(frozen=True)
@@ -30,16 +35,30 @@ class ProducerConfig:
     buffer_bytes: int = 64 << 20
     metadata_max_age_ms: float = 30000.0
     body_checksum: bool = False
+    #: turns each value given to a send into ``bytes`` (e.g. ``str.encode``, or
+    #: ``lambda v: json.dumps(v).encode()``); None: values must be bytes
+    value_serializer: Callable[[Any], bytes] | None = None
+    #: the same for keys; None: keys must be bytes or str (UTF-8)
+    key_serializer: Callable[[Any], bytes] | None = None
+    #: a message's key travels with it, in MetaQ's attribute (``Message.key`` on the
+    #: consumer; the encoding is in ``pymetaq.client.transport.records``); False: the key only
+    #: chooses the partition and the attribute is stored exactly as given
+    key_in_attribute: bool = True
     #: ``zk://`` servers: the ZooKeeper session timeout asked for (MetaQ's zkSessionTimeoutMs)
     zk_session_timeout_ms: float = 30000.0
 
     def __post_init__(self) -> None:
         if self.compression not in (None, "lz4"):
-            raise ValueError(f"compression must be None or 'lz4', not {self.compression!r}")
+            raise InvalidConfig(f"compression must be None or 'lz4', not {self.compression!r}")
         if self.batch_messages < 1 or self.batch_bytes < 1 or self.max_in_flight < 1:
-            raise ValueError("batch_messages, batch_bytes and max_in_flight must be >= 1")
+            raise InvalidConfig("batch_messages, batch_bytes and max_in_flight must be >= 1")
+        if self.batch_messages > MAX_BATCH_MESSAGES:
+            raise InvalidConfig(
+                f"batch_messages={self.batch_messages}: a broker stores at most "
+                f"{MAX_BATCH_MESSAGES} messages per batch"
+            )
         if self.retries < 0 or self.linger_ms < 0:
-            raise ValueError("retries and linger_ms must be >= 0")
+            raise InvalidConfig("retries and linger_ms must be >= 0")
         if not callable(self.partitioner):
             make_strategy(self.partitioner)  # validates the name
 
@@ -51,12 +70,27 @@ class ProducerConfig:
         return (attempts * per + self.linger_ms) / 1000.0 + 1.0
 
 
+#: other clients' option names -> what to use instead (the UnknownOption message says so)
+KAFKA_NAMES = {
+    "bootstrap_servers": "pass servers as the first argument, 'meta://host:port,...'",
+    "acks": "a send is acknowledged once it is durable under the broker's flush policy",
+    "compression_type": "use compression='lz4'",
+    "batch_size": "use batch_bytes (or batch_messages)",
+    "max_request_size": "use max_message_bytes",
+    "buffer_memory": "use buffer_bytes",
+    "max_in_flight_requests_per_connection": "use max_in_flight",
+}
+
+
 def make_config(config: ProducerConfig | None, overrides: dict[str, Any]) -> ProducerConfig:
+    """``config`` (default ``ProducerConfig()``) with keyword overrides applied; an unknown
+    name raises :class:`~pymetaq.client.errors.UnknownOption` (a ``TypeError``) saying what
+    was probably meant."""
     cfg = config or ProducerConfig()
     if overrides:
         names = {f.name for f in fields(ProducerConfig)}
         unknown = set(overrides) - names
         if unknown:
-            raise TypeError(f"unknown producer option(s): {', '.join(sorted(unknown))}")
+            raise unknown_options("producer", unknown, names, KAFKA_NAMES)
         cfg = replace(cfg, **overrides)
     return cfg

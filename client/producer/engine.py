@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TypeAlias, TypedDict, Unpack
+from typing import Any, TypeAlias, TypedDict, Unpack
 
-from pymetaq.client.errors import ClientClosed, MessageTooLarge
+from pymetaq.client.errors import ClientClosed, MessageTooLarge, SerializationError
 from pymetaq.client.producer.accumulator import Accumulator, AnyFuture
 from pymetaq.client.producer.batch import BatchHandle, SendHandle
 from pymetaq.client.producer.config import ProducerConfig
@@ -38,6 +38,7 @@ from pymetaq.client.producer.partitioner import (
     resolve_explicit,
 )
 from pymetaq.client.producer.sender import Sender, SenderConfig
+from pymetaq.client.producer.values import MessageValues, not_bytes, serializing
 from pymetaq.client.transport.brokers import BrokerSet
 from pymetaq.client.transport.zkbrokers import open_broker_set
 from pymetaq.client.types import TopicPartition
@@ -49,7 +50,9 @@ PartitionArg: TypeAlias = int | str | TopicPartition | None
 class SendOptions(TypedDict, total=False):
     """The keyword options of every send call (``**opts: Unpack[SendOptions]``)."""
 
-    key: bytes | str | None  # the partition key: crc32(key) % n
+    #: the partition key, crc32(key) % n: bytes or str, or what the key_serializer takes; it
+    #: travels with the message (``Message.key``)
+    key: Any
     partition: PartitionArg  # an explicit partition (wins over key)
     attribute: str | None  # MetaQ's message attribute (UTF-8)
 
@@ -106,6 +109,9 @@ class ProducerEngine:
         #: the fast path's selector (no key, no explicit partition, no custom partitioner)
         self._rr_next = self._strategy.next if isinstance(self._strategy, RoundRobin) else None
         self.closed = False
+        self.values = MessageValues(cfg)
+        if self.values.serializing:  # only producers with serializers run them
+            self.send_async = serializing(self.values, self.send_async)  # type: ignore[method-assign]
 
     # -- the send paths --------------------------------------------------------------------
 
@@ -127,9 +133,12 @@ class ProducerEngine:
         rr = self._rr_next
         if rr is not None and partition is None and key is None:
             tp = parts[rr() % len(parts)]
-            return self.acc.append(tp, value, attribute, force, self.block_s)
-        tp = self.select(topic, parts, value, key, partition, attribute)
-        pinned = partition is not None or key is not None or self._custom is not None
+            pinned = False
+        else:
+            tp = self.select(topic, parts, value, key, partition, attribute)
+            pinned = partition is not None or key is not None or self._custom is not None
+        if key is not None or attribute is not None:  # the key travels in the attribute
+            attribute = self.values.attribute(key, attribute)
         return self.acc.append(tp, value, attribute, force, self.block_s, pinned)
 
     def send_many(
@@ -141,6 +150,9 @@ class ProducerEngine:
         attribute: str | None = None,
     ) -> BatchHandle:
         """Queue many messages for ONE partition (chosen once, as for a single send), in order."""
+        if self.values.serializing:
+            values = [self.values.value(v) for v in values]
+            key = self.values.key(key)
         limit = self._max_bytes
         if not all(type(v) is bytes and len(v) <= limit for v in values):
             values = [self.check(v) for v in values]
@@ -151,6 +163,8 @@ class ProducerEngine:
             parts = self._learn(topic)
         tp = self.select(topic, parts, values[0] if values else b"", key, partition, attribute)
         pinned = partition is not None or key is not None or self._custom is not None
+        if key is not None or attribute is not None:
+            attribute = self.values.attribute(key, attribute)
         return self.acc.append_many(tp, values, attribute, block_s=self.block_s, pinned=pinned)
 
     def send_to(self, tp: TopicPartition, value: bytes, attribute: str | None) -> SendHandle:
@@ -192,7 +206,7 @@ class ProducerEngine:
             if isinstance(value, (bytearray, memoryview)):
                 value = bytes(value)
             else:
-                raise TypeError(f"value must be bytes, not {type(value).__name__}")
+                raise SerializationError(not_bytes("value", value, self.values.serializing))
         if len(value) > self._max_bytes:
             raise MessageTooLarge(
                 f"message of {len(value)} bytes exceeds max_message_bytes={self._max_bytes}"
@@ -237,9 +251,9 @@ class ProducerFace:
     def _queue(
         self,
         topic: str,
-        value: bytes,
+        value: Any,
         *,
-        key: bytes | str | None = None,
+        key: Any = None,
         partition: PartitionArg = None,
         attribute: str | None = None,
     ) -> SendHandle:
@@ -248,7 +262,7 @@ class ProducerFace:
         return self._engine.send_async(topic, value, key, partition, attribute)
 
     def send_many(
-        self, topic: str, values: Sequence[bytes], **opts: Unpack[SendOptions]
+        self, topic: str, values: Sequence[Any], **opts: Unpack[SendOptions]
     ) -> BatchHandle:
         """Queue many messages for ONE partition (chosen once, as for a single send) in order.
 

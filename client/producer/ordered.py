@@ -192,12 +192,16 @@ class OrderedProducer:
         """Send in order to the key's (or given) partition; spool it if the partition is down."""
         if self._closed:
             raise ClientClosed("ordered producer is closed")
+        engine = self._producer._engine
+        value, key = engine.check(engine.values.value(value)), engine.values.key(key)
         tp = self._choose(topic, key, partition)
+        if key is not None or attribute is not None:
+            attribute = engine.values.attribute(key, attribute)  # the key travels with it
         st = self._state(tp)
         with st.lock:
             if st.spool is not None and len(st.spool):
                 return self._to_spool(tp, st, value, attribute)
-            handle = self._producer._engine.send_to(tp, value, attribute)
+            handle = engine.send_to(tp, value, attribute)
             try:
                 result = handle.result(self.config.delivery_timeout_s)
             except TimeoutError:

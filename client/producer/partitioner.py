@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from pymetaq.client.errors import UnknownTopicOrPartition
+from pymetaq.client.errors import InvalidConfig, SerializationError, UnknownTopicOrPartition
 from pymetaq.client.types import TopicPartition
 
 
@@ -46,7 +46,9 @@ def key_bytes(key: bytes | str | None) -> bytes | None:
         return key
     if isinstance(key, str):
         return key.encode("utf-8")
-    raise TypeError(f"key must be bytes or str, not {type(key).__name__}")
+    raise SerializationError(
+        f"key must be bytes or str, not {type(key).__name__}: give the producer a key_serializer"
+    )
 
 
 def key_hash_index(key: bytes, n: int) -> int:
@@ -79,7 +81,7 @@ def make_strategy(name: str) -> Callable[[int], int]:
         return RoundRobin()
     if name == "random":
         return RandomChoice()
-    raise ValueError(f"unknown partitioner {name!r}: use 'round_robin', 'random' or a callable")
+    raise InvalidConfig(f"unknown partitioner {name!r}: use 'round_robin', 'random' or a callable")
 
 
 def resolve_explicit(

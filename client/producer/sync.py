@@ -111,22 +111,35 @@ class Producer(ProducerFace):
     def send(
         self,
         topic: str,
-        value: bytes,
+        value: Any,
         *,
         timeout_s: float | None = None,
+        raise_on_error: bool = False,
         **opts: Unpack[SendOptions],
     ) -> SendResult:
         """Send one message and wait for the broker's ack (see the module docstring).
 
         ``opts``: ``key=``, ``partition=``, ``attribute=``; ``timeout_s``: how long to wait
-        (default: the delivery timeout)."""
+        (default: the delivery timeout). A failed send returns ``success=False`` (MetaQ's
+        ``SendResult``) — or, with ``raise_on_error=True`` (:meth:`send_and_wait`), raises
+        its error (a :class:`~pymetaq.client.errors.MetaClientError`)."""
         handle = self._engine.send_async(topic, value, force=True, **opts)
         wait = self._send_timeout_s if timeout_s is None else timeout_s
         try:
-            return handle.result(wait)
+            result = handle.result(wait)
         except TimeoutError:
             err = MayBeStoredTimeout(f"send to {topic!r} (not acknowledged within {wait:g}s)")
-            return SendResult(False, -1, -1, -1, err, -1, topic)
+            result = SendResult(False, -1, -1, -1, err, -1, topic)
+        if raise_on_error and result.error is not None:
+            raise result.error
+        return result
+
+    def send_and_wait(
+        self, topic: str, value: Any, *, timeout_s: float | None = None, **opts: Unpack[SendOptions]
+    ) -> SendResult:
+        """Send one message, wait for its ack and return its :class:`SendResult`; a failure
+        raises (aiokafka's ``send_and_wait``): ``send(..., raise_on_error=True)``."""
+        return self.send(topic, value, timeout_s=timeout_s, raise_on_error=True, **opts)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Send everything queued now and wait for it; False if ``timeout_s`` ran out first."""

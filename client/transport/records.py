@@ -19,6 +19,21 @@ broker stamps one id per stored record).
 :func:`decode_messages` walks the bytes of a ``get`` reply: checks CRCs, expands lz4 batches,
 stops silently at a trailing partial record and returns the offset after the last complete one.
 
+**Keys travel in MetaQ's attribute** (a MetaQ record has no key field). A message sent with a
+key (and ``ProducerConfig.key_in_attribute``, the default) carries the attribute
+
+| the producer sent                    | the attribute on the wire                            |
+|--------------------------------------|------------------------------------------------------|
+| ``key=b"user-42"``                   | ``pymetaq-key:user-42``                              |
+| ``key=b"user 42", attribute="x;y"``  | ``pymetaq-key:user%2042;x;y``                        |
+| ``key=b"k", attribute=""``           | ``pymetaq-key:k;``                                   |
+
+that is ``KEY_PREFIX`` + the key percent-encoded (RFC 3986: every byte but ``A-Z a-z 0-9 - . _
+~`` as ``%XX``) + (``;`` + the attribute, if one was given). A pymetaq consumer splits it back
+(``Message.key``, ``Message.attribute``); a MetaQ client sees that text as the attribute. An
+attribute a producer sends **without** a key may not start with ``KEY_PREFIX``
+(``ValueError``): it would read back as a key.
+
 Thread-safe: immutable values and pure functions.
 """
 
@@ -26,6 +41,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable, Sequence
+from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from pymetaq.client.errors import CorruptMessage
 from pymetaq.client.types import Message
@@ -46,9 +62,32 @@ _pack_header: Callable[..., bytes] = HEADER.pack
 _crc32 = zlib.crc32
 
 
-#: ``_new(Message, (topic, partition, offset, id, value, attribute, next_offset, broker_id))``
+#: ``_new(Message, (topic, partition, offset, id, value, attribute, next_offset, broker_id,
+#: key))``
 #: builds a Message in C (no Python-level ``__new__``): the decode loops use it.
 _new: Callable[..., Message] = tuple.__new__
+
+
+#: how an attribute that carries a key starts (see the module docstring)
+KEY_PREFIX = "pymetaq-key:"
+
+
+def join_key(key: bytes | None, attribute: str | None) -> str | None:
+    """The attribute that carries ``key`` and ``attribute`` (``attribute`` when no key)."""
+    if key is None:
+        if attribute is not None and attribute.startswith(KEY_PREFIX):
+            raise ValueError(f"an attribute may not start with {KEY_PREFIX!r} (it holds keys)")
+        return attribute
+    head = KEY_PREFIX + quote_from_bytes(key, safe="")
+    return head if attribute is None else f"{head};{attribute}"
+
+
+def split_key(attribute: str | None) -> tuple[bytes | None, str | None]:
+    """``(key, attribute)`` from an attribute as stored (the inverse of :func:`join_key`)."""
+    if attribute is None or not attribute.startswith(KEY_PREFIX):
+        return None, attribute
+    encoded, sep, rest = attribute[len(KEY_PREFIX) :].partition(";")
+    return unquote_to_bytes(encoded), rest if sep else None
 
 
 def build_record(value: bytes, attribute: str | None = None) -> bytes:
@@ -122,13 +161,17 @@ def _decode_one(
     if rec.flag & FLAG_LZ4_BATCH:
         raise CorruptMessage(offset, "nested lz4 batch")
     attr: str | None = None
+    key: bytes | None = None
     value = rec.data
     if rec.flag & FLAG_ATTRIBUTE:
         try:
             attr, value = decode_data(value, FLAG_ATTRIBUTE)
         except (ValueError, UnicodeDecodeError) as e:  # bad framing / not UTF-8
             raise CorruptMessage(offset, f"bad attribute: {e}") from None
-    out.append(_new(Message, (topic, partition, offset, msg_id, value, attr, nxt, broker_id)))
+        if attr is not None and attr.startswith(KEY_PREFIX):
+            key, attr = split_key(attr)
+    row = (topic, partition, offset, msg_id, value, attr, nxt, broker_id, key)
+    out.append(_new(Message, row))
 
 
 def _inner_records(frame: bytes, offset: int, verify: bool) -> list[Record]:

@@ -125,7 +125,10 @@ def recover(store: TxStore) -> TxRecovery:
         job.run()
         store.checkpoint_end(job, None)
     changed = out.reapplied or out.replay.bytes_cut or out.replay.files_dropped
-    log.log(logging.WARNING if changed else logging.INFO, "recovered %s", out)
+    if out.replay.records or changed:
+        log.log(logging.WARNING if changed else logging.INFO, "recovered %s", out)
+    else:  # a fresh or idle journal: nothing worth a line at startup
+        log.debug("transaction journal %s is empty", out.replay.directory)
     return out
 
 

@@ -158,8 +158,9 @@ def test_offsets_show_and_reset(broker: BrokerProcess, tmp_path: Path) -> None:
     assert [line.split()[2] for line in r.stdout.splitlines()[1:]] == ["90", "150"]  # unchanged
 
     r = cli(
-        "offsets", "reset", "--store", spec, "--group", "og", "--partition", "0-1", "--to", "30"
-    )
+        "offsets", "reset", "--store", spec, "--group", "og", "--partition", "0-1", "--to", "30",
+        "--servers", server(broker), "--execute",
+    )  # fmt: skip
     assert r.returncode == 0 and "reset 1 offset" in r.stdout, r.stderr
     r = cli(
         "consume",

@@ -7,6 +7,7 @@ enough to script against; no output ever holds a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -153,8 +154,14 @@ def test_check_and_repair_usage_errors(tmp_path: Path) -> None:
     bad = pymetaq("repair", "-f", str(ini), cwd=tmp_path)
     assert bad.returncode == 2 and "configuration error" in bad.stderr
     assert "bad value for 'deleteWhen'" in bad.stderr
-    usage = pymetaq("check", cwd=tmp_path)
-    assert usage.returncode == 2 and "one of the arguments -f/--config --data-path" in usage.stderr
+    usage = pymetaq("check", "-f", str(ini), "--data-path", str(tmp_path), cwd=tmp_path)
+    assert usage.returncode == 2 and "not allowed with argument" in usage.stderr
+    default = pymetaq("check", cwd=tmp_path)  # the packaged default's ./data, not there
+    assert default.returncode == 2, default.stderr
+    assert default.stderr == (
+        f"pymetaq check: no such data directory: {tmp_path / 'data'}\n"
+        "hint: name the broker's with -f or --data-path\n"
+    )
 
 
 def test_check_an_empty_data_directory(tmp_path: Path) -> None:
@@ -178,6 +185,13 @@ def test_a_deleted_newest_segment_moves_consumers_on_and_never_reuses_offsets(
         out = pymetaq("check", "-f", str(broker.config_path), cwd=tmp_path)
         assert out.returncode == 1
         assert f"the log ends at {cut} but offsets up to {end} were handed out" in out.stdout
+        js = pymetaq("check", "-f", str(broker.config_path), "--json", cwd=tmp_path)
+        assert js.returncode == 1
+        [root] = json.loads(js.stdout)
+        assert root["data_path"] == str(broker.data_path) and root["broker_pid"] is None
+        bad = [p for p in root["partitions"] if p["damaged"]]
+        assert [(p["topic"], p["partition"]) for p in bad] == [("t", 0)]
+        assert any(f"the log ends at {cut}" in f["message"] for f in bad[0]["findings"])
         broker.launch()
         assert f"continuing at {end}" in broker.log_text()
         with Wire(broker.address) as w:

@@ -73,7 +73,7 @@ def test_config_error_exits_nonzero_with_did_you_mean(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        f"pymetaq: configuration error: {ini}:3: unknown key 'unflushTreshold' in section "
+        f"pymetaq server: configuration error: {ini}:3: unknown key 'unflushTreshold' in section "
         "[system]; did you mean 'unflushThreshold'?"
     )
 

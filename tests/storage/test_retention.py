@@ -11,6 +11,7 @@ import pytest
 from pymetaq.storage import (
     MessageStoreManager,
     ReadStatus,
+    RetentionAction,
     RetentionActionKind,
     StoreConfig,
     TopicStoreConfig,
@@ -168,3 +169,10 @@ def test_reload_topic_config_switches_flush_mode_and_policy(tmp_path: Path) -> N
     _age(m, 60)
     assert m.run_retention() and plog.min_offset > 0
     m.close()
+
+
+def test_a_retention_action_is_logged_as_a_readable_line() -> None:
+    action = RetentionAction("t", 1, 4096, 1000, RetentionActionKind.ARCHIVED, "/d/t-1/x.meta.lz4")
+    assert action.describe() == (
+        "t-1: archived the segment at offset 4096 (1000 bytes): /d/t-1/x.meta.lz4"
+    )
