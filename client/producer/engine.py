@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TypeAlias, TypedDict, Unpack
+from typing import TYPE_CHECKING, TypeAlias, TypedDict, Unpack
 
 from pymetaq.client.errors import ClientClosed, MessageTooLarge
 from pymetaq.client.producer.accumulator import Accumulator, AnyFuture
@@ -40,6 +40,9 @@ from pymetaq.client.producer.partitioner import (
 from pymetaq.client.producer.sender import Sender, SenderConfig
 from pymetaq.client.transport.brokers import BrokerSet
 from pymetaq.client.types import TopicPartition
+
+if TYPE_CHECKING:
+    from pymetaq.client.producer.transactional import Transactions
 
 #: ``partition=`` of a send: an index into the sorted list, a TopicPartition or a "b-p" key
 PartitionArg: TypeAlias = int | str | TopicPartition | None
@@ -101,7 +104,11 @@ class ProducerEngine:
         self._strategy = None if callable(cfg.partitioner) else make_strategy(cfg.partitioner)
         #: the fast path's selector (no key, no explicit partition, no custom partitioner)
         self._rr_next = self._strategy.next if isinstance(self._strategy, RoundRobin) else None
-        self.closed = False
+        self._closed = False
+        #: closed, or a transaction open: the send paths take their checked branch
+        self._divert = False
+        self._txs: Transactions | None = None
+        self._tx_args = (future_factory, threadsafe)
 
     # -- the send paths --------------------------------------------------------------------
 
@@ -115,8 +122,10 @@ class ProducerEngine:
         force: bool = False,
     ) -> SendHandle:
         """Queue one message; ``force``: its batch is due at once (a waiting ``send``)."""
-        if type(value) is not bytes or len(value) > self._max_bytes or self.closed:
+        if type(value) is not bytes or len(value) > self._max_bytes or self._divert:
             value = self.check(value)
+            if self._txs is not None and (tx := self._txs.binding.current()) is not None:
+                return self._txs.send(tx, topic, value, key, partition, attribute)
         parts = self._cached(topic)
         if parts is None:
             parts = self._learn(topic)
@@ -141,6 +150,8 @@ class ProducerEngine:
             values = [self.check(v) for v in values]
         if self.closed:
             raise ClientClosed("producer is closed")
+        if self._txs is not None and (tx := self._txs.binding.current()) is not None:
+            return self._txs.send_many(tx, topic, values, key, partition, attribute)
         parts = self._cached(topic)
         if parts is None:
             parts = self._learn(topic)
@@ -193,6 +204,31 @@ class ProducerEngine:
             )
         return value
 
+    # -- transactions (pymetaq.client.transaction; glue in producer/transactional.py) -------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @closed.setter
+    def closed(self, value: bool) -> None:
+        self._closed = value
+        self._divert = value or (self._txs is not None and self._txs.binding.open_count > 0)
+
+    def transactions(self) -> Transactions:
+        """The producer's transaction support, created on first use."""
+        if self._txs is None:
+            from pymetaq.client.producer.transactional import Transactions
+
+            factory, threadsafe = self._tx_args
+            self._txs = Transactions(
+                self, factory, threadsafe=threadsafe, on_open_change=self._tx_open
+            )
+        return self._txs
+
+    def _tx_open(self, count: int) -> None:
+        self._divert = self._closed or count > 0
+
     # -- flush and shutdown ----------------------------------------------------------------
 
     def begin_flush(self) -> list[AnyFuture]:
@@ -211,6 +247,8 @@ class ProducerEngine:
         self.closed = True
         closed = ClientClosed("producer closed")
         self.sender.fail_queued(closed)
+        if self._txs is not None:
+            self._txs.close()
         self.brokers.close()
         # one loop iteration: the connections' failure hooks (scheduled with call_soon by
         # close()) complete the in-flight batches with their own error first
