@@ -43,6 +43,7 @@ from pymetaq.client.types import TopicPartition
 
 if TYPE_CHECKING:
     from pymetaq.client.producer.transactional import Transactions
+    from pymetaq.client.transaction.bound import BoundTransaction
 
 #: ``partition=`` of a send: an index into the sorted list, a TopicPartition or a "b-p" key
 PartitionArg: TypeAlias = int | str | TopicPartition | None
@@ -105,10 +106,11 @@ class ProducerEngine:
         #: the fast path's selector (no key, no explicit partition, no custom partitioner)
         self._rr_next = self._strategy.next if isinstance(self._strategy, RoundRobin) else None
         self._closed = False
-        #: closed, or a transaction open: the send paths take their checked branch
+        #: closed, or transactions used: the send paths take their checked branch
         self._divert = False
         self._txs: Transactions | None = None
         self._tx_args = (future_factory, threadsafe)
+        self._tx_current: Callable[[], BoundTransaction | None] = _no_transaction
 
     # -- the send paths --------------------------------------------------------------------
 
@@ -123,9 +125,10 @@ class ProducerEngine:
     ) -> SendHandle:
         """Queue one message; ``force``: its batch is due at once (a waiting ``send``)."""
         if type(value) is not bytes or len(value) > self._max_bytes or self._divert:
-            value = self.check(value)
-            if self._txs is not None and (tx := self._txs.binding.current()) is not None:
-                return self._txs.send(tx, topic, value, key, partition, attribute)
+            if self._closed or type(value) is not bytes or len(value) > self._max_bytes:
+                value = self.check(value)
+            if (tx := self._tx_current()) is not None:  # a transaction bound to this context
+                return self.transactions().send(tx, topic, value, key, partition, attribute)
         parts = self._cached(topic)
         if parts is None:
             parts = self._learn(topic)
@@ -150,8 +153,8 @@ class ProducerEngine:
             values = [self.check(v) for v in values]
         if self.closed:
             raise ClientClosed("producer is closed")
-        if self._txs is not None and (tx := self._txs.binding.current()) is not None:
-            return self._txs.send_many(tx, topic, values, key, partition, attribute)
+        if (tx := self._tx_current()) is not None:
+            return self.transactions().send_many(tx, topic, values, key, partition, attribute)
         parts = self._cached(topic)
         if parts is None:
             parts = self._learn(topic)
@@ -213,21 +216,20 @@ class ProducerEngine:
     @closed.setter
     def closed(self, value: bool) -> None:
         self._closed = value
-        self._divert = value or (self._txs is not None and self._txs.binding.open_count > 0)
+        self._divert = value or self._txs is not None
 
     def transactions(self) -> Transactions:
-        """The producer's transaction support, created on first use."""
+        """The producer's transaction support, created on first use; from then on every send
+        asks the calling context for its transaction (a few hundred ns; a producer that never
+        uses transactions never pays it)."""
         if self._txs is None:
             from pymetaq.client.producer.transactional import Transactions
 
             factory, threadsafe = self._tx_args
-            self._txs = Transactions(
-                self, factory, threadsafe=threadsafe, on_open_change=self._tx_open
-            )
+            self._txs = Transactions(self, factory, threadsafe=threadsafe)
+            self._tx_current = self._txs.binding.var.get
+            self._divert = True
         return self._txs
-
-    def _tx_open(self, count: int) -> None:
-        self._divert = self._closed or count > 0
 
     # -- flush and shutdown ----------------------------------------------------------------
 
@@ -254,6 +256,10 @@ class ProducerEngine:
         # close()) complete the in-flight batches with their own error first
         await asyncio.sleep(0)
         self.sender.abort_all(closed)
+
+
+def _no_transaction() -> None:
+    return None
 
 
 class ProducerFace:

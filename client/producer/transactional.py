@@ -5,9 +5,12 @@
 never uses them never loads this module. It owns the producer's :class:`TransactionBinding`
 (one ``ContextVar``), session id, local-transaction numbers and connection pool.
 
-**The send path.** While no transaction is open on the producer, a send costs exactly what it
-cost before (the engine's hot path tests one flag it already tested). While one is open, the
-engine's checked path asks the binding for the calling context's transaction; if there is one,
+**The send path.** A producer that never used transactions sends exactly as before (the
+engine's hot path tests one flag it already tested). Once it has, every send takes the engine's
+checked path, which asks the binding for the calling context's transaction (a ``ContextVar``
+read, a few hundred ns with the checks; so a finished transaction still bound to a context — a
+task created inside the block that sends later — refuses the send instead of letting it out
+as a plain message). If there is one,
 :meth:`Transactions.send` places the message (MetaQ's rule: the first message's partition is
 chosen as usual and pins its broker; later messages use the partition selection over that
 broker's partitions of their topic; an explicit partition of another broker is refused) and
@@ -68,13 +71,12 @@ class Transactions:
         future_factory: Callable[[], AnyFuture],
         *,
         threadsafe: bool,
-        on_open_change: Callable[[int], object],
     ) -> None:
         self.engine = engine
         self.loop = engine.loop
         self._future = future_factory
         self._threadsafe = threadsafe
-        self.binding = TransactionBinding(on_open_change)
+        self.binding = TransactionBinding()
         self.ids = LocalIds(new_session_id())
         self._pool: TxConnections | None = None
         self._rng = random.Random()

@@ -5,8 +5,8 @@ one event-loop thread per producer, so a thread binding would say nothing about 
 task; instead a transaction is bound to the **context** (:mod:`contextvars`): each thread has
 its own context, and so does each asyncio task (a task created inside the block copies the
 binding and its sends join the transaction; one created elsewhere does not).
-:class:`TransactionBinding` holds one ``ContextVar`` per producer and counts the open
-transactions, so the producer's send path checks the variable only while one is open.
+:class:`TransactionBinding` holds one ``ContextVar`` per producer (read by the producer's send
+path once the producer has used transactions) and counts the bound transactions.
 
 **Put pipe.** :class:`PutPipe` writes a transaction's messages as transactional ``put``\\ s on
 one connection, in the order the sends were made: the first send starts opening the
@@ -76,16 +76,16 @@ class BoundTransaction:
 class TransactionBinding:
     """One producer's ContextVar of bound transactions, and how many are open."""
 
-    def __init__(self, on_change: Callable[[int], object]) -> None:
+    def __init__(self) -> None:
         self.var: contextvars.ContextVar[BoundTransaction | None] = contextvars.ContextVar(
             "pymetaq.transaction", default=None
         )
         self._open = 0
         self._lock = threading.Lock()
-        self._on_change = on_change
 
     @property
     def open_count(self) -> int:
+        """Transactions bound (to some context) and not yet unbound."""
         return self._open
 
     def current(self) -> BoundTransaction | None:
@@ -116,8 +116,6 @@ class TransactionBinding:
     def _count(self, delta: int) -> None:
         with self._lock:
             self._open = max(0, self._open + delta)
-            n = self._open
-        self._on_change(n)
 
 
 def _in_task() -> bool:
