@@ -185,14 +185,14 @@ class Coordinator:
                 db.close()
                 raise
             gtx = GlobalTransaction(g, xid, db.gid, db.connection, xa.broker_id)
-            self._step("started")
             try:
-                yield gtx
-            except BaseException:
-                self._abort(xa, db, xid, ended=False)
-                gtx.outcome = "rolled back"
-                raise
-            try:
+                self._step("started")
+                try:
+                    yield gtx
+                except BaseException:
+                    self._abort(xa, db, xid, ended=False)
+                    gtx.outcome = "rolled back"
+                    raise
                 self._complete(xa, db, gtx)
             finally:
                 db.close()

@@ -134,3 +134,46 @@ def _pump(
             dst.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+
+# -- the queue and the database agree ----------------------------------------------------------
+def order_messages(address: tuple[str, int], topic: str, partitions: int) -> dict[int, list[int]]:
+    """``b"order-<id>#<i>"`` messages of the topic: order id -> the ``i``\\ s, as stored."""
+    out: dict[int, list[int]] = {}
+    for _, r in stored(address, topic, partitions):
+        head, _, i = r.data.decode().partition("#")
+        out.setdefault(int(head.removeprefix("order-")), []).append(int(i))
+    return out
+
+
+def order_rows(url: str) -> set[int]:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            return set(conn.exec_driver_sql("SELECT id FROM orders").scalars())
+    finally:
+        engine.dispose()
+
+
+def prepared_gids(url: str) -> list[str]:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            return list(conn.exec_driver_sql("SELECT gid FROM pg_prepared_xacts").scalars())
+    finally:
+        engine.dispose()
+
+
+def assert_agree(rows: set[int], msgs: dict[int, list[int]], per_order: dict[int, int]) -> None:
+    """Each order's row and all its messages exist, or none of them; no message twice."""
+    for oid in rows | set(msgs):
+        got = msgs.get(oid, [])
+        assert len(got) == len(set(got)), f"order {oid}: a message appears twice: {got}"
+        if oid in rows:
+            assert sorted(got) == list(range(per_order[oid])), f"order {oid}: row, messages {got}"
+        else:
+            assert not got, f"order {oid}: messages {got} without its row"
