@@ -154,6 +154,9 @@ class PutPipe:
         if self.conn is not None:
             self._send(tp, data, flag, done)
             return
+        if self._opening is not None and self._opening.done():  # opening failed
+            done(-1, self.failure or ConnectionLost("the transaction's connection failed"))
+            return
         self._backlog.append((tp, data, flag, done))
         if self._opening is None:
             self._opening = self.loop.create_task(self._open())
