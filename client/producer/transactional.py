@@ -24,6 +24,7 @@ Thread-safety: ``send``/``send_many`` from any thread (the face's threads or the
 
 from __future__ import annotations
 
+import collections
 import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -80,6 +81,10 @@ class Transactions:
         self.ids = LocalIds(new_session_id())
         self._pool: TxConnections | None = None
         self._rng = random.Random()
+        #: (thread face) puts handed to the loop in order; one wake-up drains them all
+        self._handoff: collections.deque[tuple[BoundTransaction, TopicPartition, bytes, int, Any]]
+        self._handoff = collections.deque()
+        self._wake_pending = False
 
     # -- factories (the faces call these) ------------------------------------------------------
     def local(self, timeout_s: int | None, request_timeout_s: float) -> LocalTransaction:
@@ -174,7 +179,12 @@ class Transactions:
                 tp = engine.select(topic, parts, value, key, None, attribute)
             tx.pin(tp.broker_id, self.broker_url(tp.broker_id))
             return tp
-        mine = [p for p in parts if p.broker_id == pinned]
+        cached = tx.placed.get(topic)
+        if cached is not None and cached[0] is parts:
+            mine = cached[1]
+        else:
+            mine = [p for p in parts if p.broker_id == pinned]
+            tx.placed[topic] = (parts, mine)
         if not mine:  # MetaQ's words
             raise CrossBrokerTransaction(
                 f"There is no partitions in `{tx.broker_url}` to send message with topic "
@@ -222,11 +232,22 @@ class Transactions:
             batch.first_id, batch.offset, batch.error = msg_id, -1, error
             batch.complete()
 
-        if self._threadsafe:
-            self.loop.call_soon_threadsafe(tx.put, tp, data, flag, done)
-        else:
+        if not self._threadsafe:
             tx.put(tp, data, flag, done)
+            return batch
+        self._handoff.append((tx, tp, data, flag, done))
+        if not self._wake_pending:
+            self._wake_pending = True
+            self.loop.call_soon_threadsafe(self._drain)
         return batch
+
+    def _drain(self) -> None:
+        """(loop) Hand every queued put to its transaction, in the order they were sent."""
+        self._wake_pending = False  # a put queued from now on schedules another drain
+        handoff = self._handoff
+        while handoff:
+            tx, tp, data, flag, done = handoff.popleft()
+            tx.put(tp, data, flag, done)
 
     def close(self) -> None:
         """(loop thread) Close the transactions' connections (the broker rolls back whatever

@@ -55,6 +55,8 @@ class BoundTransaction:
         self.broker_url = ""
         self.finished = False
         self._pin_lock = threading.Lock()
+        #: topic -> (the topic's partition list, its partitions on this broker), for sends
+        self.placed: dict[str, tuple[list[TopicPartition], list[TopicPartition]]] = {}
 
     def pin(self, broker_id: int, url: str) -> None:
         """Make ``broker_id`` the transaction's broker (first message), or check it is."""

@@ -11,8 +11,9 @@ MetaQ's local transaction (``TransactionContext.begin/commit/rollback`` with
   :class:`CrossBrokerTransaction`).
 * **A dedicated connection.** The broker binds a local transaction to the connection that began
   it, and closing that connection rolls it back. Each open transaction therefore has a
-  connection of its own (:class:`TxConnections`: a small per-broker pool, separate from the
-  producer's pipelined send connection, which transactions never touch or slow down).
+  connection of its own (:class:`TxConnections`: a per-broker pool keeping up to 16 idle),
+  separate from the producer's pipelined send connection, which transactions never touch or
+  slow down.
 * **Commit** waits for every put's answer; if every message was taken it sends
   ``COMMIT_ONE_PHASE`` and returns once the broker acknowledged it (durable). If any put
   failed or went unanswered, it rolls back and raises :class:`TransactionRolledBack`. No
@@ -68,7 +69,7 @@ class TxConnections:
         self,
         address_of: Callable[[int], tuple[str, int]],
         connect_timeout_s: float,
-        max_idle_per_broker: int = 4,
+        max_idle_per_broker: int = 16,
     ) -> None:
         self._address_of = address_of
         self._connect_timeout_s = connect_timeout_s
