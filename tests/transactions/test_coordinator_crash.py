@@ -57,8 +57,14 @@ NAME = "crash-1"
 UNDECIDED = ("started", "mid-body", "ended", "mq-prepared", "db-prepared")
 DECIDED = ("decided", "mq-committed", "db-committed", "done")
 INSIDE_COMMIT = ("commit-intent", "commit-mid-append", "commit-appended")
-BROKER_STEPS = ("after-begin", "mid-puts", "after-end", "after-prepare", *INSIDE_COMMIT)
-BROKER_STEPS += ("after-commit-ack",)
+BROKER_STEPS = (
+    "after-begin",
+    "mid-puts",
+    "after-end",
+    "after-prepare",
+    *INSIDE_COMMIT,
+    "after-commit-ack",
+)
 HOOK = {
     "after-begin": "started",
     "after-end": "ended",

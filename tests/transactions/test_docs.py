@@ -1,5 +1,6 @@
-"""The client examples of docs/transactions.md, the transactions example of docs/client.md and
-``examples/orders_xa.py`` run as written, against a real broker and a real PostgreSQL."""
+"""The client examples of docs/transactions.md, the transaction examples of docs/client.md
+and README.md, and ``examples/orders_xa.py`` run as written, against a real broker and a real
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ TOPICS = {"test": {"numPartitions": 4}, "orders": {"numPartitions": 1}}
 
 
 def blocks(doc: str, start: str, end: str | None = None) -> list[str]:
-    text = (ROOT / "docs" / doc).read_text(encoding="utf-8")
+    text = (ROOT / doc).read_text(encoding="utf-8")
     section = text[text.index(start) : text.index(end) if end else None]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
@@ -35,9 +36,10 @@ def run(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_transaction_examples_run(tmp_path: Path, pg_url: str) -> None:
-    examples = blocks("transactions.md", "## Local transactions from the client", "## How it")
-    examples += blocks("client.md", "### Transactions", "### CLI")
-    assert len(examples) == 6
+    examples = blocks("docs/transactions.md", "## Local transactions from the client", "## How it")
+    examples += blocks("docs/client.md", "### Transactions", "### CLI")
+    examples += blocks("README.md", "## Transactions", "## What is here")
+    assert len(examples) == 7
     with BrokerProcess.start(tmp_path, topics=TOPICS) as b:
         produce(b, "orders", 0, [b"order-1", b"order-2"])
         server = f"meta://{b.host}:{b.port}"
@@ -56,8 +58,9 @@ def test_the_transaction_examples_run(tmp_path: Path, pg_url: str) -> None:
             r"\[OffsetEntry\(topic='orders', partition='0-0', offset=54, msg_id=\d+\)\]\n",
             outputs[4],
         )  # past both orders (27 bytes each)
-        assert outputs[5] == "both stored\n"
+        assert outputs[5] == "both stored\n" and outputs[6] == ""
         wanted = {b"ship order-1", b"ship order-2", b"order 1 created", b"invoice 7 issued"}
+        wanted |= {b"debit account 7", b"credit account 9"}
         wait_for(lambda: wanted <= set(values(b.address, "test", 4)), what="the examples' sends")
     engine = sa.create_engine(pg_url, poolclass=sa.NullPool)
     with engine.connect() as conn:
