@@ -1,5 +1,7 @@
-"""Transactions benchmark (broker side): local transactions of 1, 10 and 100 messages against
-plain puts, in the same run, against one broker subprocess, over raw sockets.
+"""Transactions benchmark: local transactions of 1, 10 and 100 messages against plain puts,
+in the same run, against one broker subprocess — over raw sockets (the broker alone), then
+through pymetaq's client (local transactions, and XA with PostgreSQL through the two-phase
+coordinator; see ``bench/txclient.py``).
 
 Every client is one connection that behaves as MetaQ's Java producer does: each ``put`` waits
 for its reply before the next is sent; a transaction is ``BEGIN``, *k* transactional ``put``s,
@@ -16,6 +18,7 @@ Output: one JSON line per case on stdout with ``--json``; a table on stderr (std
 
     .venv/bin/python -m bench.transactions --seconds 5 --json
     .venv/bin/python -m bench.transactions --flush-tx-log 0 --clients 10
+    .venv/bin/python -m bench.transactions --only client --pg-url postgresql+psycopg://...
 """
 
 from __future__ import annotations
@@ -156,37 +159,52 @@ def main(argv: list[str] | None = None) -> int:
         "--flush-tx-log", type=int, choices=(0, 1, 2), default=1, help="flushTxLogAtCommit"
     )
     ap.add_argument("--json", action="store_true", help="JSON lines on stdout, table on stderr")
+    ap.add_argument(
+        "--only", choices=("raw", "client"), help="run only the raw-socket or the client cases"
+    )
+    ap.add_argument("--pg-url", help="PostgreSQL for the XA cases (default: a throw-away server)")
     args = ap.parse_args(argv)
     payload = filler(args.msg_bytes)
     rows = []
+
+    def emit(name: str, k: int, res: dict[str, float]) -> None:
+        row = {
+            "case": name,
+            "msgs_per_tx": k,
+            "msg_bytes": args.msg_bytes,
+            "clients": args.clients,
+            "flush_tx_log": args.flush_tx_log,
+            **{key: round(v, 3) for key, v in res.items()},
+            "cpus": os.cpu_count(),
+        }
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row), flush=True)
+
     with tempfile.TemporaryDirectory(prefix="pymetaq-bench-tx-") as tmp:
         server, port = start_broker(Path(tmp), args.flush_tx_log)
         try:
-            for name, k in CASES:
+            for name, k in CASES if args.only != "client" else []:
                 progress(f"{name}: {args.clients} clients, {args.seconds}s")
-                res = asyncio.run(run_case(port, k, args.clients, args.seconds, payload))
-                row = {
-                    "case": name,
-                    "msgs_per_tx": k,
-                    "msg_bytes": args.msg_bytes,
-                    "clients": args.clients,
-                    "flush_tx_log": args.flush_tx_log,
-                    **{key: round(v, 3) for key, v in res.items()},
-                    "cpus": os.cpu_count(),
-                }
-                rows.append(row)
-                if args.json:
-                    print(json.dumps(row), flush=True)
+                emit(name, k, asyncio.run(run_case(port, k, args.clients, args.seconds, payload)))
+            if args.only != "raw":
+                from bench.txclient import run_client_cases
+
+                progress(f"client cases: {args.clients} threads, {args.seconds}s each")
+                for name, k, res in run_client_cases(
+                    port, Path(tmp), args.clients, args.seconds, payload, args.pg_url
+                ):
+                    emit(name, k, res)
         finally:
             server.stop()
     table = sys.stderr if args.json else sys.stdout
     print(
-        f"{'case':<10} {'msgs/s':>9} {'commit p50':>11} {'commit p99':>11} {'tx p50':>8} {'tx p99':>8}",
+        f"{'case':<12} {'msgs/s':>9} {'commit p50':>11} {'commit p99':>11} {'tx p50':>8} {'tx p99':>8}",
         file=table,
     )
     for r in rows:
         print(
-            f"{r['case']:<10} {r['msgs_per_s']:>9.0f} {r['commit_p50_ms']:>9.2f}ms "
+            f"{r['case']:<12} {r['msgs_per_s']:>9.0f} {r['commit_p50_ms']:>9.2f}ms "
             f"{r['commit_p99_ms']:>9.2f}ms {r['tx_p50_ms']:>6.1f}ms {r['tx_p99_ms']:>6.1f}ms",
             file=table,
         )

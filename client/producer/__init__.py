@@ -10,6 +10,7 @@
 | ``engine`` | selection + accumulator + sender; the send paths written once |
 | ``sync`` / ``aio`` | the thread face (``Producer``) and the asyncio face (``AsyncProducer``) |
 | ``ordered`` | ``OrderedProducer``: pinned partitions, a local spool while a partition is down |
+| ``transactional`` | where a send inside a transaction goes (``pymetaq.client.transaction``) |
 
 Thread-safety: see each class.
 """

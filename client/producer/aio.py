@@ -10,12 +10,16 @@ Thread-safety: an ``AsyncProducer`` belongs to the loop it was started on.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Unpack, cast
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
 from pymetaq.client.errors import ClientClosed, UnknownTopicOrPartition
 from pymetaq.client.producer.config import ProducerConfig, make_config
 from pymetaq.client.producer.engine import ProducerEngine, ProducerFace, SendOptions
 from pymetaq.client.types import SendResult, TopicPartition
+
+if TYPE_CHECKING:
+    from pymetaq.client.transaction.local import AsyncLocalScope
+    from pymetaq.client.transaction.xa import AsyncXAResource
 
 
 def _not_published(topic: str) -> list[TopicPartition]:
@@ -86,6 +90,24 @@ class AsyncProducer(ProducerFace):
         """Send one message and return its :class:`SendResult` once acknowledged; a failure
         raises (as aiokafka's ``send_and_wait``)."""
         return await self.send(topic, value, raise_on_error=True, **opts)
+
+    def transaction(
+        self, timeout_s: int | None = None, *, request_timeout_s: float = 5.0
+    ) -> AsyncLocalScope:
+        """A local transaction bound to the calling task: ``async with p.transaction():`` then
+        ``await p.send(...)``; commit on normal exit, rollback on an exception."""
+        return self._engine.transactions().async_local_scope(timeout_s, request_timeout_s)
+
+    def xa_resource(
+        self,
+        unique_qualifier: str | None = None,
+        *,
+        topics: list[str] | None = None,
+        request_timeout_s: float = 5.0,
+    ) -> AsyncXAResource:
+        """An XA resource (coroutine methods); see ``Producer.xa_resource``."""
+        txs = self._engine.transactions()
+        return txs.async_xa_resource(txs.xa_core(unique_qualifier, topics, request_timeout_s))
 
     async def flush(self) -> None:
         """Send everything queued now and wait for it."""

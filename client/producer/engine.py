@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, Unpack
 
 from pymetaq.client.errors import ClientClosed, MessageTooLarge, SerializationError
 from pymetaq.client.producer.accumulator import Accumulator, AnyFuture
@@ -42,6 +42,10 @@ from pymetaq.client.producer.values import MessageValues, not_bytes, serializing
 from pymetaq.client.transport.brokers import BrokerSet
 from pymetaq.client.transport.zkbrokers import open_broker_set
 from pymetaq.client.types import TopicPartition
+
+if TYPE_CHECKING:
+    from pymetaq.client.producer.transactional import Transactions
+    from pymetaq.client.transaction.bound import BoundTransaction
 
 #: ``partition=`` of a send: an index into the sorted list, a TopicPartition or a "b-p" key
 PartitionArg: TypeAlias = int | str | TopicPartition | None
@@ -108,7 +112,12 @@ class ProducerEngine:
         self._strategy = None if callable(cfg.partitioner) else make_strategy(cfg.partitioner)
         #: the fast path's selector (no key, no explicit partition, no custom partitioner)
         self._rr_next = self._strategy.next if isinstance(self._strategy, RoundRobin) else None
-        self.closed = False
+        self._closed = False
+        #: closed, or transactions used: the send paths take their checked branch
+        self._divert = False
+        self._txs: Transactions | None = None
+        self._tx_args = (future_factory, threadsafe)
+        self._tx_current: Callable[[], BoundTransaction | None] = _no_transaction
         self.values = MessageValues(cfg)
         if self.values.serializing:  # only producers with serializers run them
             self.send_async = serializing(self.values, self.send_async)  # type: ignore[method-assign]
@@ -125,8 +134,11 @@ class ProducerEngine:
         force: bool = False,
     ) -> SendHandle:
         """Queue one message; ``force``: its batch is due at once (a waiting ``send``)."""
-        if type(value) is not bytes or len(value) > self._max_bytes or self.closed:
-            value = self.check(value)
+        if type(value) is not bytes or len(value) > self._max_bytes or self._divert:
+            if self._closed or type(value) is not bytes or len(value) > self._max_bytes:
+                value = self.check(value)
+            if (tx := self._tx_current()) is not None:  # a transaction bound to this context
+                return self.transactions().send(tx, topic, value, key, partition, attribute)
         parts = self._cached(topic)
         if parts is None:
             parts = self._learn(topic)
@@ -158,6 +170,8 @@ class ProducerEngine:
             values = [self.check(v) for v in values]
         if self.closed:
             raise ClientClosed("producer is closed")
+        if (tx := self._tx_current()) is not None:
+            return self.transactions().send_many(tx, topic, values, key, partition, attribute)
         parts = self._cached(topic)
         if parts is None:
             parts = self._learn(topic)
@@ -213,6 +227,30 @@ class ProducerEngine:
             )
         return value
 
+    # -- transactions (pymetaq.client.transaction; glue in producer/transactional.py) -------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @closed.setter
+    def closed(self, value: bool) -> None:
+        self._closed = value
+        self._divert = value or self._txs is not None
+
+    def transactions(self) -> Transactions:
+        """The producer's transaction support, created on first use; from then on every send
+        asks the calling context for its transaction (a few hundred ns; a producer that never
+        uses transactions never pays it)."""
+        if self._txs is None:
+            from pymetaq.client.producer.transactional import Transactions
+
+            factory, threadsafe = self._tx_args
+            self._txs = Transactions(self, factory, threadsafe=threadsafe)
+            self._tx_current = self._txs.binding.var.get
+            self._divert = True
+        return self._txs
+
     # -- flush and shutdown ----------------------------------------------------------------
 
     def begin_flush(self) -> list[AnyFuture]:
@@ -231,11 +269,17 @@ class ProducerEngine:
         self.closed = True
         closed = ClientClosed("producer closed")
         self.sender.fail_queued(closed)
+        if self._txs is not None:
+            self._txs.close()
         self.brokers.close()
         # one loop iteration: the connections' failure hooks (scheduled with call_soon by
         # close()) complete the in-flight batches with their own error first
         await asyncio.sleep(0)
         self.sender.abort_all(closed)
+
+
+def _no_transaction() -> None:
+    return None
 
 
 class ProducerFace:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from pymetaq.client.errors import MayBeStoredTimeout, NoBrokerAvailable
 from pymetaq.client.producer.config import ProducerConfig, make_config
@@ -54,6 +54,10 @@ from pymetaq.client.producer.engine import ProducerEngine, ProducerFace, SendOpt
 from pymetaq.client.transport.brokers import BrokerSet
 from pymetaq.client.transport.loop import LoopThread
 from pymetaq.client.types import SendResult, TopicPartition
+
+if TYPE_CHECKING:
+    from pymetaq.client.transaction.local import LocalScope
+    from pymetaq.client.transaction.xa import XAResource
 
 __all__ = ["Producer"]
 
@@ -140,6 +144,30 @@ class Producer(ProducerFace):
         """Send one message, wait for its ack and return its :class:`SendResult`; a failure
         raises (aiokafka's ``send_and_wait``): ``send(..., raise_on_error=True)``."""
         return self.send(topic, value, timeout_s=timeout_s, raise_on_error=True, **opts)
+
+    def transaction(
+        self, timeout_s: int | None = None, *, request_timeout_s: float = 5.0
+    ) -> LocalScope:
+        """A local transaction bound to the calling thread: ``with p.transaction(timeout_s=30):``
+        then ordinary sends; commit on normal exit, rollback on an exception. See
+        ``docs/transactions.md`` (one broker per transaction; ``timeout_s`` goes to BEGIN)."""
+        txs = self._engine.transactions()
+        run_for = 3 * request_timeout_s + self.config.connect_timeout_ms / 1000.0 + 5.0
+        return txs.local_scope(timeout_s, request_timeout_s, lambda c: self._lt.run(c, run_for))
+
+    def xa_resource(
+        self,
+        unique_qualifier: str | None = None,
+        *,
+        topics: list[str] | None = None,
+        request_timeout_s: float = 5.0,
+    ) -> XAResource:
+        """An XA resource on a broker serving every topic in ``topics`` (default: the published
+        ones); ``unique_qualifier`` default ``XAMessageProducer-<hostname>`` (MetaQ's)."""
+        txs = self._engine.transactions()
+        core = txs.xa_core(unique_qualifier, topics, request_timeout_s)
+        run_for = 3 * request_timeout_s + self.config.connect_timeout_ms / 1000.0 + 5.0
+        return txs.xa_resource(core, lambda c: self._lt.run(c, run_for))
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Send everything queued now and wait for it; False if ``timeout_s`` ran out first."""
