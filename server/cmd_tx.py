@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import Any
 
-from pymetaq.client.cli.common import add_servers_option, one_address
+from pymetaq.client.cli.common import add_servers_option, one_address, print_json
 from pymetaq.client.cli.wire import round_trip
 from pymetaq.client.protocol import StatsCommand, TxAdminCommand, TxAdminOp, parse_tx_key
 from pymetaq.client.protocol.errors import InvalidTxKey
@@ -49,6 +49,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("action", choices=("list", "commit", "rollback", "forget"))
     p.add_argument("key", nargs="?", help="the XA key (XID:<formatId>:<gtrid>:<bqual>:<qualifier>)")
     add_servers_option(p)
+    p.add_argument("--json", action="store_true", help="list: print JSON")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds (default %(default)s)")
     p.set_defaults(func=run)
 
@@ -113,7 +114,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.action == "list":
         data = rows(reply.body)
-        print(table(data) if data else "no open transactions")
+        if args.json:
+            keys = [c.lower() for c in COLUMNS]
+            docs = [dict(zip(keys, row)) for row in data]
+            for d in docs:  # numbers as numbers
+                d["messages"], d["bytes"] = int(d["messages"]), int(d["bytes"])
+            print_json(docs, sys.stdout)
+        else:
+            print(table(data) if data else "no open transactions")
         return 0
     done = {"commit": "committed heuristically", "rollback": "rolled back heuristically"}
     print(f"{args.key}: {done.get(args.action, 'forgotten')}")

@@ -188,6 +188,8 @@ def test_cli_commands_through_zookeeper(reg: Registry) -> None:
     r = cli("cluster", "--servers", reg.url, "--group", "cg", "--format", "json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
+    r = cli("cluster", "--servers", reg.url, "--group", "cg", "--json")  # the other commands' flag
+    assert r.returncode == 0 and json.loads(r.stdout)["brokers"] == doc["brokers"], r.stderr
     assert [b["broker_id"] for b in doc["brokers"]] == [0, 1]
     assert {t["topic"]: t["subscribe"] for t in doc["topics"]}["c"] == {"0": 2, "1": 2}
     (group,) = doc["groups"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -52,6 +53,16 @@ def test_list_commit_forget(broker: BrokerProcess) -> None:
     ]
     fields = row.split()
     assert fields[:5] == [key, "PREPARED", "yes", "1", "33"] and fields[6:] == ["-", "orders-0"]
+    (doc,) = json.loads(tx(broker, "list", "--json").stdout)
+    assert {k: v for k, v in doc.items() if k != "age"} == {
+        "key": key,
+        "state": "PREPARED",
+        "xa": "yes",
+        "messages": 1,
+        "bytes": 33,
+        "timeout": "-",
+        "partitions": "orders-0",
+    }
     done = tx(broker, "commit", key)
     assert (done.returncode, done.stdout, done.stderr) == (
         0,
