@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         data = rows(reply.body)
         if args.json:
             keys = [c.lower() for c in COLUMNS]
-            docs = [dict(zip(keys, row)) for row in data]
+            docs: list[dict[str, str | int]] = [dict(zip(keys, row)) for row in data]
             for d in docs:  # numbers as numbers
                 d["messages"], d["bytes"] = int(d["messages"]), int(d["bytes"])
             print_json(docs, sys.stdout)
