@@ -95,6 +95,10 @@ _NUMERIC_START = frozenset(b"-0123456789")
 _SIGNS = (b"-", b"+")
 #: compact the buffer once this many consumed bytes sit in front of the read position
 _COMPACT_AT = 1 << 16
+#: a body at least this long that is still arriving is collected as a list of the received
+#: chunks and joined once (one copy per byte), instead of growing the buffer chunk by chunk
+#: (a 1 MiB ``get`` reply arrives in 4-16 reads; growing a bytearray that far re-copies it)
+_COLLECT_AT = 1 << 18
 _CRLF = b"\r\n"
 
 Body = bytes | bytearray | None
@@ -341,16 +345,23 @@ class Parser:
         self._error: ProtocolError | None = None
         self._skip = 0  # bytes of an oversized body still to discard as they arrive
         self._skipped: ProtocolError | None = None  # raised once that body has passed
+        #: a long body being collected (see ``_COLLECT_AT``): its chunks, bytes still to come
+        self._parts: list[bytes] | None = None
+        self._need = 0
+        self._have = 0
 
     @property
     def pending_bytes(self) -> int:
         """Bytes fed and not yet returned as part of an event (a partial frame, or more)."""
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + self._have
 
     @property
     def trailing_data(self) -> bytes:
         """A copy of the buffered, unconsumed bytes (h11's ``trailing_data``)."""
-        return bytes(self._buf[self._pos :])
+        if self._parts is None or self._pending is None:
+            return bytes(self._buf[self._pos :])
+        start = self._pending[2]
+        return bytes(self._buf[self._pos : start]) + b"".join(self._parts) + self._buf[start:]
 
     @property
     def broken(self) -> ProtocolError | None:
@@ -367,7 +378,7 @@ class Parser:
     @property
     def in_frame(self) -> bool:
         """True while a frame is partly received (a partial line, a body, a discarded body)."""
-        return self._pos < len(self._buf) or self._skip > 0
+        return self._pos < len(self._buf) or self._skip > 0 or self._parts is not None
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes (any chunking).  Ignored once the parser is broken; the bytes
@@ -380,6 +391,19 @@ class Parser:
             if n == len(data):
                 return
             data = memoryview(data)[n:]
+        if self._need:
+            n = len(data)
+            if n <= self._need:  # asyncio hands over bytes: kept as they are, no copy
+                self._parts.append(data if type(data) is bytes else bytes(data))  # type: ignore[union-attr]
+                self._need -= n
+                self._have += n
+                return
+            with memoryview(data) as view:
+                self._parts.append(bytes(view[: self._need]))  # type: ignore[union-attr]
+                self._buf += view[self._need :]
+            self._have += self._need
+            self._need = 0
+            return
         self._buf += data
 
     def release(self) -> None:
@@ -387,6 +411,7 @@ class Parser:
         self._buf = bytearray()
         self._pos = self._scan = self._skip = 0
         self._pending = None
+        self._parts, self._need, self._have = None, 0, 0
 
     def next_event(self) -> Event | Literal[NeedData.NEED_DATA]:
         """The next complete frame, or :data:`NEED_DATA`.  Raises :class:`ProtocolError`."""
@@ -400,6 +425,7 @@ class Parser:
                 self._buf = bytearray()
                 self._pos = self._scan = 0
                 self._pending = None
+                self._parts, self._need, self._have = None, 0, 0
             raise
 
     def events(self) -> Iterator[Event]:
@@ -436,7 +462,20 @@ class Parser:
                 return self._next()
             self._pending = (verb, tokens, next_start, length)
         verb, tokens, start, length = self._pending
-        if len(self._buf) - start < length:
+        if self._parts is not None:  # a long body collected as chunks
+            if self._need:
+                return NEED_DATA
+            parts, self._parts, self._have = self._parts, None, 0
+            body: Body = bytearray().join(parts) if verb.batch else b"".join(parts)
+            self._pending = None
+            self._consume(start)  # the line; what followed the body is buffered after it
+            return self._build(verb, tokens, body)
+        have = len(self._buf) - start
+        if have < length:
+            if length >= _COLLECT_AT:
+                self._parts = [bytes(self._buf[start:])]
+                del self._buf[start:]
+                self._have, self._need = have, length - have
             return NEED_DATA
         body = self._take_body(start, length, verb.batch)
         self._pending = None
