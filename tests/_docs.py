@@ -31,7 +31,7 @@ from pymetaq.client.protocol import NEED_DATA, Parser, ResultReply, Role, ValueR
 from pymetaq.storage.record import encode_record
 
 _FENCE = re.compile(r"^```([A-Za-z]*)\n(.*?)^```\n", re.S | re.M)
-_MARK = re.compile(r"<!--\s*([a-z-]+)(?::\s*(.*?))?\s*-->\s*\Z", re.S)
+_MARK = re.compile(r"<!--\s*([a-z-]+)(?::\s*((?:(?!-->).)*?))?\s*-->\s*\Z", re.S)
 
 MARKS = ("not-run", "main-command", "test-command", "output")
 
