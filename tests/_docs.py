@@ -16,7 +16,8 @@ Expected output is compared line by line after normalising both sides (CRLF, mes
 millisecond timestamps, elapsed times and rates, log timestamps); ``…`` in a line matches any
 text, a line that is only ``…`` any number of lines. In wire exchanges ``\\r\\n`` stands for
 CRLF, ``<N bytes>`` for N bytes of ``x`` and ``<record "text">`` for a complete record holding
-``text``; ``  # ...`` at the end of a line is a comment.
+``text``; ``  # ...`` at the end of a line is a comment; an indented line continues the
+``<-`` line above it (a reply of several lines, each ending in ``\\r\\n``).
 """
 
 from __future__ import annotations
@@ -231,12 +232,24 @@ def strip_comment(line: str) -> str:
     return re.sub(r"\s{2,}#.*$", "", line)
 
 
+def wire_lines(b: Block) -> list[str]:
+    """The block's lines, an indented line joined to the ``<-`` line above it (a reply of
+    several lines is written one ``\\r\\n``-terminated line under another)."""
+    out: list[str] = []
+    for raw in b.text.rstrip("\n").split("\n"):
+        if raw[:1] in (" ", "\t") and raw.strip() and out and out[-1].startswith("<- "):
+            out[-1] = strip_comment(out[-1]) + strip_comment(raw.strip())
+        else:
+            out.append(raw)
+    return out
+
+
 def run_wire(b: Block, address: tuple[str, int], port_fix: dict[str, str]) -> list[str]:
     """Problems found running the exchange (empty: it ran as written)."""
     problems = []
     wire = Wire(address)
     try:
-        for raw in b.text.rstrip("\n").split("\n"):
+        for raw in wire_lines(b):
             line = strip_comment(raw)
             if line.startswith("-> "):
                 wire.send(wire_bytes(line[3:]))
