@@ -188,12 +188,11 @@ def wire_bytes(text: str) -> bytes:
 
 
 def render(reply: object) -> str:
-    """A reply as a ``<-`` line shows it (the body of a ``value`` reply as ``…``)."""
+    """A reply as a ``<-`` line shows it: the header line, ``\\r\\n``, the body (of a
+    ``value`` reply as ``…``)."""
     if isinstance(reply, ResultReply):
         body = reply.body.decode("utf-8", "replace").replace("\r\n", "\\r\\n")
-        return f"result {reply.code} {len(reply.body)} {reply.opaque}" + (
-            f"\\r\\n{body}" if reply.body else ""
-        )
+        return f"result {reply.code} {len(reply.body)} {reply.opaque}\\r\\n{body}"
     assert isinstance(reply, ValueReply)
     return f"value {len(reply.data)} {reply.opaque}\\r\\n…"
 
