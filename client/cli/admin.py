@@ -8,7 +8,8 @@ pymetaq admin reload                     # re-read the config's [topic=...] sect
 pymetaq admin slaves                     # replication status
 ```
 
-``--server host:port`` (default 127.0.0.1:8123).  The broker accepts ``admin`` only from its
+``--server host:port`` (default: ``$PYMETAQ_SERVERS`` when it names one ``meta://`` broker, as
+for the other commands, else 127.0.0.1:8123).  The broker accepts ``admin`` only from its
 own host (a loopback address) until it authenticates clients.  Prints the broker's answer;
 exit code 0 on success, 1 on a refusal or a connection failure, 2 on a usage error.
 
@@ -18,6 +19,7 @@ Thread-safety: a process entry point.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -25,6 +27,14 @@ from pymetaq.client.cli.wire import parse_server, round_trip
 from pymetaq.client.protocol import AdminCommand
 
 DEFAULT_SERVER = "127.0.0.1:8123"
+
+
+def default_server() -> str:
+    """``$PYMETAQ_SERVERS`` if it names one ``meta://`` broker, else :data:`DEFAULT_SERVER`."""
+    env = os.environ.get("PYMETAQ_SERVERS", "").strip()
+    if env and "," not in env and not env.startswith("zk://"):
+        return env
+    return DEFAULT_SERVER
 
 
 def partitions(text: str) -> tuple[str, str]:
@@ -43,7 +53,10 @@ def add_parser(subparsers: Any) -> None:
         help="close/open partitions, reload the config, slave status",
         description="Operations on one broker (accepted from the broker's own host only).",
     )
-    p.add_argument("--server", default=DEFAULT_SERVER, help="host:port (default %(default)s)")
+    p.add_argument(
+        "--server",
+        help=f"host:port (default: $PYMETAQ_SERVERS if it names one broker, else {DEFAULT_SERVER})",
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds (default %(default)s)")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     close = actions.add_parser("close", help="close partitions for publishing (puts get 403)")
@@ -69,7 +82,7 @@ def command(args: argparse.Namespace) -> AdminCommand:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        host, port = parse_server(args.server)
+        host, port = parse_server(args.server or default_server())
     except ValueError as exc:
         print(f"pymetaq admin: --server: {exc}", file=sys.stderr)
         return 2
