@@ -10,7 +10,9 @@ Every fenced block is one of:
 | marked ``<!-- not-run: why -->`` | not run (a grammar, a diagram, a benchmark that takes minutes, ...) |
 | marked ``<!-- main-command -->`` / ``<!-- test-command -->`` | the README's two commands (tests/test_readme.py) |
 
-Anything else fails the test: a new block must run or say why not.
+Anything else fails the test: a new block must run or say why not. A page that needs ZooKeeper
+or PostgreSQL says so once with ``<!-- page-services: zookeeper postgresql -->`` (not right
+before a block; tests/test_docs.py starts them).
 
 Expected output is compared line by line after normalising both sides (CRLF, message ids,
 millisecond timestamps, elapsed times and rates, log timestamps); ``…`` in a line matches any

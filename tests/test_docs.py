@@ -5,8 +5,8 @@ shows (tests/_docs.py says how blocks are read and compared).
 Each page gets its own broker and working directory (with ``.venv`` linking to this Python's
 environment, ``HOME`` there too, so ``~/.pymetaq_offsets`` is the page's own), and its blocks
 run in page order: a page's examples may build on the ones before them, as a reader's would.
-``127.0.0.1:8123`` in a page is the broker's real address; ``PYMETAQ_SERVERS`` names it for
-commands that rely on the default.
+``127.0.0.1:8123`` in a page is the broker's real address (``127.0.0.1:8120`` its dashboard's,
+on a free port too); ``PYMETAQ_SERVERS`` names it for commands that rely on the default.
 
 A page that needs more than a broker says so once, anywhere in its text, with
 ``<!-- page-services: zookeeper postgresql -->`` (either or both); the runner then starts the
@@ -37,6 +37,7 @@ import pytest
 from pymetaq.server.default_config import default_text
 from tests import _docs
 from tests._broker import BrokerProcess
+from tests._helpers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +78,13 @@ class Fix:
 def test_every_page_is_run_or_named() -> None:
     assert set(ELSEWHERE) <= set(PAGES)
     for page in PAGES:
+        services = page_services(page)
         for b in _docs.blocks(ROOT / page, page):
+            if page not in ELSEWHERE and _docs.kind(b) in ("console", "wire", "python"):
+                for service, pattern in (("zookeeper", _ZK_URL), ("postgresql", _PG_URL)):
+                    assert service in services or not pattern.search(b.text), (
+                        f"{b.where}: uses {service}: add <!-- page-services: {service} -->"
+                    )
             if page not in ELSEWHERE:
                 assert _docs.kind(b) != "unmarked", (
                     f"{b.where}: a {b.lang or 'plain'} block that is neither run nor marked "
@@ -87,9 +94,10 @@ def test_every_page_is_run_or_named() -> None:
                 assert b.why, f"{b.where}: <!-- not-run: --> needs a reason"
 
 
-def _start(tmp_path: Path, zk_connect: str | None) -> BrokerProcess:
+def _start(tmp_path: Path, zk_connect: str | None, http_port: int) -> BrokerProcess:
     ini = default_text().replace("serverPort=8123", "serverPort=0")
-    assert ini != default_text()
+    ini = ini.replace("dashboardHttpPort=8120", f"dashboardHttpPort={http_port}")
+    assert str(http_port) in ini  # never the fixed 8120: brokers of other runs may hold it
     if zk_connect is not None:
         zk = "zk.zkEnable=true\nzk.zkConnect=" + zk_connect + "\nzk.zkSyncTimeMs=100\n"
         section = "zk.zkEnable=false\nzk.zkConnect=localhost:2181\n"
@@ -132,10 +140,12 @@ def test_page_runs_as_written(page: str, tmp_path: Path, request: pytest.Fixture
     if not todo:
         return
     services, zk_connect = _service_fix(page, request)
-    with _start(tmp_path, zk_connect) as b:
+    http_port = free_port()
+    with _start(tmp_path, zk_connect, http_port) as b:
         (b.cwd / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
         (b.cwd / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
         plain = {"127.0.0.1:8123": f"127.0.0.1:{b.port}", "127.0.0.1 8123": f"127.0.0.1 {b.port}"}
+        plain["127.0.0.1:8120"] = f"127.0.0.1:{http_port}"
         fix = Fix({**plain, **services.plain}, services.patterns)
         problems: list[str] = []
         for block in todo:
