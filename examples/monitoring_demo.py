@@ -4,6 +4,8 @@ Starts ``pymetaq server`` on a fresh data directory with the dashboard on, two p
 (``orders``, 3 partitions; ``clicks``, 2), and two consumer groups reading ``orders`` at
 different speeds with MetaQ's raw ``get``: ``billing`` keeps up, ``analytics`` falls behind.
 It prints the broker's and the dashboard's addresses, then runs for ``--seconds``.
+``--server HOST:PORT`` drives a broker you already run instead (the shipped config's topics:
+``test``, 4 partitions, read by both groups; ``meta-test``, 1), then stops after ``--seconds``.
 ``--screenshot PATH`` saves the consumer-groups page (headless Chromium) after
 ``--shot-after`` seconds - that is how ``docs/monitoring-groups.png`` is made.
 
@@ -74,16 +76,18 @@ def produce(port: int, topic: str, partitions: int, stop: threading.Event) -> No
                 time.sleep(0.01)  # about 4,000 messages/s
 
 
-def consume(port: int, group: str, max_size: int, pause: float, stop: threading.Event) -> None:
-    offsets = [0, 0, 0]
+def consume(
+    port: int, topic: str, partitions: int, group: str, max_size: int, pause: float,
+    stop: threading.Event,
+) -> None:  # fmt: skip
+    offsets = [0] * partitions
     with socket.create_connection(("127.0.0.1", port)) as sock:
         buf, n = bytearray(), 0
         while not stop.is_set():
-            p = n % 3
+            p = n % partitions
             n += 1
-            sock.sendall(
-                b"get orders %s %d %d %d %d\r\n" % (group.encode(), p, offsets[p], max_size, n)
-            )
+            get = b"get %s %s %d %d %d %d\r\n"
+            sock.sendall(get % (topic.encode(), group.encode(), p, offsets[p], max_size, n))
             data, pos = read_reply(sock, buf), 0
             while pos + 20 <= len(data) and pos + 20 + HEADER.unpack_from(data, pos)[0] <= len(
                 data
@@ -115,9 +119,14 @@ def screenshot(url: str, path: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=300)
+    p.add_argument("--server", help="HOST:PORT of a running broker on the shipped config")
     p.add_argument("--screenshot", help="save the consumer-groups page here")
     p.add_argument("--shot-after", type=float, default=30, help="seconds before the screenshot")
     args = p.parse_args()
+    if args.server:
+        port = int(args.server.removeprefix("meta://").rpartition(":")[2])
+        run(port, ("test", 4), ("meta-test", 1), args.seconds)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="pymetaq-demo-"))
     http = free_port()
     (work / "server.ini").write_text(INI.format(http=http, data=work / "data"))
@@ -132,31 +141,44 @@ def main() -> int:
             port = int(match.group(1))
             break
     print(f"broker 127.0.0.1:{port}  dashboard http://127.0.0.1:{http}/", flush=True)
+    try:
+        if args.screenshot:
+            url = f"http://127.0.0.1:{http}/groups"
+            run(port, ("orders", 3), ("clicks", 2), args.shot_after, url, args.screenshot)
+            print(f"saved {args.screenshot}", flush=True)
+        else:
+            run(port, ("orders", 3), ("clicks", 2), args.seconds)
+    finally:
+        broker.terminate()
+        broker.wait(30)
+    return 0
+
+
+def run(
+    port: int, read: tuple[str, int], other: tuple[str, int], seconds: float,
+    url: str | None = None, shot: str | None = None,
+) -> None:  # fmt: skip
+    """Two producers (``read`` and ``other``), two groups reading ``read``, for ``seconds``
+    (then a screenshot of ``url`` into ``shot`` if given)."""
     stop = threading.Event()
     workers = [
-        threading.Thread(target=produce, args=(port, "orders", 3, stop)),
-        threading.Thread(target=produce, args=(port, "clicks", 2, stop)),
-        threading.Thread(target=consume, args=(port, "billing", 256 * 1024, 0.01, stop)),
-        threading.Thread(target=consume, args=(port, "analytics", 4096, 0.1, stop)),
+        threading.Thread(target=produce, args=(port, *read, stop)),
+        threading.Thread(target=produce, args=(port, *other, stop)),
+        threading.Thread(target=consume, args=(port, *read, "billing", 256 * 1024, 0.01, stop)),
+        threading.Thread(target=consume, args=(port, *read, "analytics", 4096, 0.1, stop)),
     ]
     for w in workers:
         w.start()
     try:
-        if args.screenshot:
-            time.sleep(args.shot_after)
-            screenshot(f"http://127.0.0.1:{http}/groups", args.screenshot)
-            print(f"saved {args.screenshot}", flush=True)
-        else:
-            time.sleep(args.seconds)
+        time.sleep(seconds)
+        if url is not None and shot is not None:
+            screenshot(url, shot)
     except KeyboardInterrupt:
         pass
     finally:
         stop.set()
         for w in workers:
             w.join(10)
-        broker.terminate()
-        broker.wait(30)
-    return 0
 
 
 if __name__ == "__main__":

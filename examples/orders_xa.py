@@ -18,6 +18,7 @@ crash finishes whatever was in doubt before it does anything else.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import sqlalchemy as sa
@@ -36,7 +37,11 @@ ORDERS = sa.Table(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", required=True, help="SQLAlchemy URL of a PostgreSQL database")
-    ap.add_argument("--server", default="meta://127.0.0.1:8123", help="the broker")
+    ap.add_argument(
+        "--server",
+        default=os.environ.get("PYMETAQ_SERVERS", "meta://127.0.0.1:8123"),
+        help="the broker (default: $PYMETAQ_SERVERS, else meta://127.0.0.1:8123, as the CLI)",
+    )
     ap.add_argument("--topic", default="test", help="topic of the message (default: test)")
     ap.add_argument("--log", default="orders-decisions.log", help="the decision log")
     ap.add_argument("--customer", default="alice")

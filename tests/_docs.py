@@ -10,13 +10,16 @@ Every fenced block is one of:
 | marked ``<!-- not-run: why -->`` | not run (a grammar, a diagram, a benchmark that takes minutes, ...) |
 | marked ``<!-- main-command -->`` / ``<!-- test-command -->`` | the README's two commands (tests/test_readme.py) |
 
-Anything else fails the test: a new block must run or say why not.
+Anything else fails the test: a new block must run or say why not. A page that needs ZooKeeper
+or PostgreSQL says so once with ``<!-- page-services: zookeeper postgresql -->`` (not right
+before a block; tests/test_docs.py starts them).
 
 Expected output is compared line by line after normalising both sides (CRLF, message ids,
 millisecond timestamps, elapsed times and rates, log timestamps); ``…`` in a line matches any
 text, a line that is only ``…`` any number of lines. In wire exchanges ``\\r\\n`` stands for
 CRLF, ``<N bytes>`` for N bytes of ``x`` and ``<record "text">`` for a complete record holding
-``text``; ``  # ...`` at the end of a line is a comment.
+``text``; ``  # ...`` at the end of a line is a comment; an indented line continues the
+``<-`` line above it (a reply of several lines, each ending in ``\\r\\n``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pymetaq.client.protocol import NEED_DATA, Parser, ResultReply, Role, ValueR
 from pymetaq.storage.record import encode_record
 
 _FENCE = re.compile(r"^```([A-Za-z]*)\n(.*?)^```\n", re.S | re.M)
-_MARK = re.compile(r"<!--\s*([a-z-]+)(?::\s*(.*?))?\s*-->\s*\Z", re.S)
+_MARK = re.compile(r"<!--\s*([a-z-]+)(?::\s*((?:(?!-->).)*?))?\s*-->\s*\Z", re.S)
 
 MARKS = ("not-run", "main-command", "test-command", "output")
 
@@ -187,12 +190,11 @@ def wire_bytes(text: str) -> bytes:
 
 
 def render(reply: object) -> str:
-    """A reply as a ``<-`` line shows it (the body of a ``value`` reply as ``…``)."""
+    """A reply as a ``<-`` line shows it: the header line, ``\\r\\n``, the body (of a
+    ``value`` reply as ``…``)."""
     if isinstance(reply, ResultReply):
         body = reply.body.decode("utf-8", "replace").replace("\r\n", "\\r\\n")
-        return f"result {reply.code} {len(reply.body)} {reply.opaque}" + (
-            f"\\r\\n{body}" if reply.body else ""
-        )
+        return f"result {reply.code} {len(reply.body)} {reply.opaque}\\r\\n{body}"
     assert isinstance(reply, ValueReply)
     return f"value {len(reply.data)} {reply.opaque}\\r\\n…"
 
@@ -231,12 +233,24 @@ def strip_comment(line: str) -> str:
     return re.sub(r"\s{2,}#.*$", "", line)
 
 
+def wire_lines(b: Block) -> list[str]:
+    """The block's lines, an indented line joined to the ``<-`` line above it (a reply of
+    several lines is written one ``\\r\\n``-terminated line under another)."""
+    out: list[str] = []
+    for raw in b.text.rstrip("\n").split("\n"):
+        if raw[:1] in (" ", "\t") and raw.strip() and out and out[-1].startswith("<- "):
+            out[-1] = strip_comment(out[-1]) + strip_comment(raw.strip())
+        else:
+            out.append(raw)
+    return out
+
+
 def run_wire(b: Block, address: tuple[str, int], port_fix: dict[str, str]) -> list[str]:
     """Problems found running the exchange (empty: it ran as written)."""
     problems = []
     wire = Wire(address)
     try:
-        for raw in b.text.rstrip("\n").split("\n"):
+        for raw in wire_lines(b):
             line = strip_comment(raw)
             if line.startswith("-> "):
                 wire.send(wire_bytes(line[3:]))

@@ -3,6 +3,7 @@ MetaQ's text, gets go on), reload the config, slave status, clear refusals."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,16 @@ def test_reload_and_slave_status(tmp_path: Path) -> None:
         assert "config reload failed, keeping the old configuration" in bad.stderr
         assert "numPartitions" in bad.stderr
         assert w.call(put_line("later", 0, b"x", 3)).code == 200  # type: ignore[union-attr]
+
+
+def test_the_broker_comes_from_pymetaq_servers_as_for_the_other_commands(tmp_path: Path) -> None:
+    """No --server: $PYMETAQ_SERVERS names the broker (README: every command finds it there)."""
+    cmd = [sys.executable, "-m", "pymetaq.server.cli", "admin", "slaves"]
+    with BrokerProcess.start(tmp_path) as broker:
+        env = {**os.environ, "PYMETAQ_SERVERS": f"meta://127.0.0.1:{broker.port}"}
+        found = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+        assert found.returncode == 0 and found.stdout.startswith("no slaves"), found.stderr
+    env["PYMETAQ_SERVERS"] = f"meta://127.0.0.1:{broker.port}"  # stopped now
+    gone = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert gone.returncode == 1
+    assert f"127.0.0.1:{broker.port}: Connection refused" in gone.stderr

@@ -46,6 +46,17 @@ def test_alert_rules_check_and_fire_on_their_cases() -> None:
     assert "SUCCESS" in promtool("test", "rules", "tests/monitor/alerts_test.yml")
 
 
+def test_the_scrape_config_of_the_monitoring_page_checks(tmp_path: Path) -> None:
+    """docs/monitoring.md's Prometheus config (its rule file beside it, as the comment says)."""
+    page = (ROOT / "docs" / "monitoring.md").read_text(encoding="utf-8")
+    (config,) = re.findall(r"```yaml\n(.*?)```", page, flags=re.S)
+    assert "prometheus-alerts.yml" in config and "job_name: pymetaq" in config
+    (tmp_path / "prometheus.yml").write_text(config)
+    shutil.copy(ALERTS, tmp_path / "prometheus-alerts.yml")
+    out = promtool("check", "config", str(tmp_path / "prometheus.yml"))
+    assert "SUCCESS: 6 rules found" in out, out
+
+
 def test_grafana_queries_parse(tmp_path: Path) -> None:
     exprs = grafana_exprs()
     assert len(exprs) >= 20

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.pg]
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_DB = "postgresql+psycopg://postgres@127.0.0.1:5432/shop"
-TOPICS = {"test": {"numPartitions": 4}, "orders": {"numPartitions": 1}}
+TOPICS = {"test": {"numPartitions": 4}, "log-orders": {"numPartitions": 2}}
 
 
 def blocks(doc: str, start: str, end: str | None = None) -> list[str]:
@@ -41,12 +41,11 @@ def test_the_transaction_examples_run(tmp_path: Path, pg_url: str) -> None:
     examples += blocks("README.md", "## Transactions", "## What is here")
     assert len(examples) == 7
     with BrokerProcess.start(tmp_path, topics=TOPICS) as b:
-        produce(b, "orders", 0, [b"order-1", b"order-2"])
+        produce(b, "log-orders", 0, [b"order-1", b"order-2"])
         server = f"meta://{b.host}:{b.port}"
         outputs = []
         for i, code in enumerate(examples):
             code = code.replace("meta://127.0.0.1:8123", server).replace(DOC_DB, pg_url)
-            code = code.replace("/tmp/pymetaq-doc-", str(tmp_path / f"doc{i}-"))
             r = run(code, tmp_path)
             assert r.returncode == 0, f"example {i} failed:\n{code}\n{r.stderr}"
             outputs.append(r.stdout)
@@ -55,7 +54,7 @@ def test_the_transaction_examples_run(tmp_path: Path, pg_url: str) -> None:
         assert outputs[2] == "billing-1 0 []\n"
         assert outputs[3] == "committed\n"
         assert re.fullmatch(
-            r"\[OffsetEntry\(topic='orders', partition='0-0', offset=54, msg_id=\d+\)\]\n",
+            r"\[OffsetEntry\(topic='log-orders', partition='0-0', offset=54, msg_id=\d+\)\]\n",
             outputs[4],
         )  # past both orders (27 bytes each)
         assert outputs[5] == "both stored\n" and outputs[6] == ""
