@@ -18,7 +18,9 @@ from pymetaq.client.transaction import (
     TransactionInProgress,
     TransactionRolledBack,
 )
+from pymetaq.client.transport.records import join_key
 from pymetaq.storage.checksum import checksum
+from pymetaq.storage.record import decode_data
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
 from tests.transactions._helpers import Tap, counters, open_transactions, stored, values
@@ -64,8 +66,12 @@ def test_commit_on_normal_exit(tmp_path: Path) -> None:
         results = [r1, h2.result(), *bulk.result()]
         assert all(r.success and r.offset == -1 and r.broker_id == 0 for r in results)
         committed(b, 4)
-        records = {r.msg_id: (part, r.data) for part, r in stored(b.address, "orders", 2)}
-        sent = [b"o-1", b"o-2", b"o-3", b"o-4"]
+        records = {
+            r.msg_id: (part, decode_data(r.data, r.flag))
+            for part, r in stored(b.address, "orders", 2)
+        }
+        key = join_key(b"customer-7", None)  # the key travels in the attribute, as outside one
+        sent = [(None, b"o-1"), (key, b"o-2"), (None, b"o-3"), (None, b"o-4")]
         assert {r.msg_id: (r.partition, v) for r, v in zip(results, sent)} == records
         after = counters(b.address)
         assert after["tx_begin"] - before["tx_begin"] == 1
