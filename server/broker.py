@@ -31,7 +31,7 @@ import signal
 import threading
 import time
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pymetaq.server import default_config
 from pymetaq.server.config import BrokerConfig
@@ -40,8 +40,13 @@ from pymetaq.server.dispatch import Dispatcher
 from pymetaq.server.errors import BrokerStateError, ConfigError, StartupError
 from pymetaq.server.http import start_dashboard
 from pymetaq.server.registry import RegistryError
+from pymetaq.server.replication import check_slave_config, start_slave
 from pymetaq.server.transaction.service import TransactionService
 from pymetaq.storage import MessageStoreManager, StorageError
+
+if TYPE_CHECKING:
+    from pymetaq.ha.config import SlaveConfig
+    from pymetaq.ha.slave import AsyncSlave
 
 log = logging.getLogger("pymetaq.server")
 
@@ -51,8 +56,13 @@ STOP_GRACE_S = 10.0
 class Broker:
     """One pymetaq broker (see the module docstring)."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, slave_config: SlaveConfig | None = None) -> None:
+        if slave_config is not None:
+            check_slave_config(config, slave_config)
         self.config = config
+        #: ``-Fmetaslave=...``: this broker is an asynchronous slave (pymetaq.ha.slave)
+        self.slave_config = slave_config
+        self.slave: AsyncSlave | None = None
         self.store: Any = None
         self.transactions: Any = None
         self.port = 0
@@ -174,6 +184,8 @@ class Broker:
         try:
             self.dashboard = await start_dashboard(self, dispatcher)
             await self._register()
+            if self.slave_config is not None:
+                self.slave = start_slave(self)
         except BaseException:
             server.close()
             if self.dashboard is not None:
@@ -251,6 +263,8 @@ class Broker:
         return cached
 
     async def _shutdown(self, server: asyncio.Server, dispatcher: Dispatcher) -> None:
+        if self.slave is not None:  # stop appending before anything else stops
+            await self.slave.close()
         if self.registry is not None:  # MetaQ: unregister, let clients notice, then stop
             await asyncio.get_running_loop().run_in_executor(None, self.registry.stop)
             sync_ms = self.config.zookeeper.sync_time_ms

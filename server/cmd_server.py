@@ -33,6 +33,15 @@ def add_parser(subparsers: Any) -> None:
         "configuration (127.0.0.1:8123, data in ./data; `pymetaq config --print` shows it)",
     )
     p.add_argument("--port", type=int, default=None, help="override [system] serverPort")
+    p.add_argument(
+        "-F",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="PLUGIN=FILE",
+        help="MetaQ's plugin option: -Fmetaslave=async_slave.properties runs this broker as an "
+        "asynchronous slave of the master with the same brokerId (needs ZooKeeper)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run)
 
@@ -47,6 +56,21 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ImportError, ValueError, OSError):
         pass
+
+
+def _slave_config(options: list[str]) -> Any:
+    """The ``-F`` options: the metaslave plugin's file, checked (ConfigError: exit code 2)."""
+    from pymetaq.ha.config import HaConfigError, load_slave_config, parse_plugin_option
+    from pymetaq.server.errors import ConfigError
+
+    slave = None
+    try:
+        for option in options:
+            _name, path = parse_plugin_option(option)
+            slave = load_slave_config(path)
+    except HaConfigError as e:
+        raise ConfigError(str(e)) from e
+    return slave
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.port is not None:
         config = config.with_system(server_port=args.port)
+    slave = _slave_config(args.plugins)
     _raise_fd_limit()
-    code: int = Broker(config).run()
+    code: int = Broker(config, slave_config=slave).run()
     return code

@@ -96,6 +96,7 @@ from pymetaq.server.monitor.ops import Admin, is_loopback
 from pymetaq.server.monitor.state import LAG_HELP, Monitor
 from pymetaq.server.partitions import Partitions, TooManyPartitions
 from pymetaq.server.puts import Appender
+from pymetaq.server.replication import REPLICATION_HELP, SLAVE_PUT_REFUSED, replication_lines
 from pymetaq.server.stats import VERSION, PartitionInfo, Stats
 from pymetaq.storage import (
     PartitionLog,
@@ -140,6 +141,7 @@ class Dispatcher:
             max_batch_body=system.max_batch_size,
         )
         self.stats = Stats()
+        self.stats.slave = broker.slave_config is not None
         self.monitor = Monitor(system)
         self.admin = Admin(broker, self.monitor.closed)
         self.stats.add_item("lag", LAG_HELP, lambda: self.monitor.lag_lines(broker.store.logs()))
@@ -155,6 +157,7 @@ class Dispatcher:
         self.stats.add_item(
             "transactions", "Returns the open transactions (pymetaq).", self.tx.stats_lines
         )
+        self.stats.add_item("replication", REPLICATION_HELP, lambda: replication_lines(broker))
         self._table: dict[type, Handler] = dict(
             (
                 _route(PutCommand, self.on_put),
@@ -284,6 +287,13 @@ class Dispatcher:
             self._put_failed(
                 conn, opaque, f"The topic `{topic}` is not in topics list of the broker"
             )
+            return None
+        slave = self.broker.slave_config
+        if slave is not None:  # a replica: only the master writes its offsets
+            refused = SLAVE_PUT_REFUSED.format(
+                id=self.broker.config.system.broker_id, sid=slave.slave_id
+            )
+            self._put_failed(conn, opaque, refused, code=403)
             return None
         if not tc.accept_publish:
             self.stats.counters["put_failed"] += 1

@@ -1,0 +1,129 @@
+"""MetaQ's replication plugin files (``-F<plugin>=<file>``), parsed and checked.
+
+``-Fmetaslave=async_slave.properties`` (MetaQ's ``metaslave`` plugin) makes a broker an
+asynchronous slave of the master registered in ZooKeeper under the same ``brokerId``.  The
+file is a Java properties file; its keys, exactly as MetaQ 1.4 reads them
+(``SlaveConfig`` / ``MetaSlaveBroker``):
+
+| key                    | default                      | meaning                                 |
+|------------------------|------------------------------|-----------------------------------------|
+| ``slaveId``            | (required, >= 0)             | this slave's number: ``slave<n>``,      |
+|                        |                              | ``<brokerId>-s<n>`` in ZooKeeper        |
+| ``slaveGroup``         | ``meta-slave-group_<slaveId>``| the group of its fetches on the master |
+| ``slaveMaxDelayInMills``| 500                         | longest wait of one fetch for new data  |
+| ``autoSyncMasterConfig``| false                       | copy the master's server.ini (``stats   |
+|                        |                              | config``) when its checksum changes     |
+
+Properties syntax (``java.util.Properties``): ``key=value``, ``key: value`` or ``key value``;
+``#`` and ``!`` start comments; surrounding blanks are dropped.  An unknown key, a bad number or
+a missing ``slaveId`` is an :class:`HaConfigError` naming the file, line and key, with a
+did-you-mean hint (the broker turns it into its configuration error, exit code 2).
+
+Thread-safety: pure functions and a frozen dataclass.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+SLAVE_KEYS = ("slaveId", "slaveGroup", "slaveMaxDelayInMills", "autoSyncMasterConfig")
+#: MetaQ's group for a slave's fetches when ``slaveGroup`` is not set (``_<slaveId>`` appended)
+DEFAULT_SLAVE_GROUP = "meta-slave-group"
+#: the groups a master shows as its slaves in ``stats replication`` start with this
+SLAVE_GROUP_PREFIX = DEFAULT_SLAVE_GROUP
+PLUGINS = ("metaslave",)
+_SEP = re.compile(r"\s*[=:]\s*|\s+")
+
+
+class HaConfigError(ValueError):
+    """A replication plugin option or file is invalid (the message says where and why)."""
+
+
+@dataclass(frozen=True)
+class SlaveConfig:
+    """``async_slave.properties`` (see the module doc)."""
+
+    slave_id: int
+    slave_group: str
+    max_delay_ms: int = 500
+    auto_sync_master_config: bool = False
+    path: str = ""
+
+
+def parse_properties(text: str, source: str) -> dict[str, tuple[str, int]]:
+    """``key -> (value, line number)`` of a Java properties text (no line continuations)."""
+    out: dict[str, tuple[str, int]] = {}
+    for no, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        parts = _SEP.split(line, maxsplit=1)
+        key, value = parts[0], (parts[1].strip() if len(parts) > 1 else "")
+        if not key:
+            raise HaConfigError(f"{source}:{no}: a line without a key: {raw!r}")
+        out[key] = (value, no)
+    return out
+
+
+def _int(source: str, key: str, value: str, no: int, lo: int, hi: int) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise HaConfigError(f"{source}:{no}: {key}={value!r} is not a whole number") from None
+    if not lo <= n <= hi:
+        raise HaConfigError(f"{source}:{no}: {key}={n} is outside {lo}..{hi}")
+    return n
+
+
+def parse_slave_config(text: str, source: str = "async_slave.properties") -> SlaveConfig:
+    """Check an ``async_slave.properties`` text (see the module doc)."""
+    props = parse_properties(text, source)
+    for key, (_, no) in props.items():
+        if key not in SLAVE_KEYS:
+            close = difflib.get_close_matches(key, SLAVE_KEYS, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(SLAVE_KEYS)})"
+            raise HaConfigError(f"{source}:{no}: unknown key {key!r}{hint}")
+    if "slaveId" not in props:
+        raise HaConfigError(f"{source}: slaveId is required (this slave's number, 0 or more)")
+    sid = _int(source, "slaveId", *props["slaveId"], 0, 1 << 20)
+    group, gno = props.get("slaveGroup", (f"{DEFAULT_SLAVE_GROUP}_{sid}", 0))
+    if not group or re.search(r"[\s/~!#$%^&*()+=`'\",;?\[\]<>.:]", group):
+        raise HaConfigError(f"{source}:{gno}: slaveGroup={group!r} is not a valid group name")
+    delay = 500
+    if "slaveMaxDelayInMills" in props:
+        delay = _int(source, "slaveMaxDelayInMills", *props["slaveMaxDelayInMills"], 1, 600_000)
+    auto = False
+    if "autoSyncMasterConfig" in props:
+        value, no = props["autoSyncMasterConfig"]
+        if value.lower() not in ("true", "false"):
+            raise HaConfigError(f"{source}:{no}: autoSyncMasterConfig={value!r}: true or false")
+        auto = value.lower() == "true"
+    return SlaveConfig(sid, group, delay, auto, source)
+
+
+def parse_plugin_option(option: str) -> tuple[str, str]:
+    """``metaslave=async_slave.properties`` -> (plugin, path); HaConfigError if malformed."""
+    name, sep, path = option.partition("=")
+    if not sep or not path:
+        raise HaConfigError(
+            f"-F{option}: expected -F<plugin>=<file>, e.g. -Fmetaslave=async_slave.properties"
+        )
+    if name not in PLUGINS:
+        close = difflib.get_close_matches(name, PLUGINS, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise HaConfigError(
+            f"-F{option}: unknown plugin {name!r}{hint}; known: {', '.join(PLUGINS)}"
+        )
+    return name, path
+
+
+def load_slave_config(path: str) -> SlaveConfig:
+    """Read and check ``path`` (HaConfigError when unreadable or invalid)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise HaConfigError(f"cannot read {path}: {e}") from e
+    return parse_slave_config(text, path)
