@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pymetaq.client import Producer
+from pymetaq.client import Consumer, Producer
 from pymetaq.client.protocol import ResultReply
+from pymetaq.offsets import FileOffsetStore
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
 from tests.cluster.conftest import new_client
@@ -159,3 +160,38 @@ def test_bad_slave_properties_are_a_config_error(tmp_path: Path, zk_hosts: str) 
         RuntimeError, match=r"unknown key 'slaveGrup' \(did you mean slaveGroup\?\)"
     ):
         start_slave(tmp_path, zk_hosts, slave_id=1, properties=props)
+
+
+def test_consumers_read_from_the_slave_when_asked(tmp_path: Path, zk_hosts: str) -> None:
+    """``read_from_slaves=True`` fetches from the slave; the default from the master (MetaQ)."""
+    with (
+        start_master(tmp_path, zk_hosts) as master,
+        start_slave(tmp_path, zk_hosts, slave_id=1) as slave,
+    ):
+        with Producer(f"meta://127.0.0.1:{master.port}") as p:
+            for i in range(20):
+                assert p.send("audit", b"m%d" % i).success
+        wait_for(lambda: _caught_up(master, slave), 30, "the slave to copy the messages")
+        url = f"zk://{zk_hosts}/meta"  # hosts/<chroot> + the registry root
+        for group, reads_slave in (("on-slave", True), ("on-master", False)):
+            store = FileOffsetStore(tmp_path / f"{group}.json")
+            with Consumer(
+                url,
+                group,
+                store,
+                read_from_slaves=reads_slave,
+                initial_position="earliest",
+                zk_sync_time_ms=100,
+            ) as c:
+                c.subscribe("audit")
+                seen: list[bytes] = []
+
+                def everything(c: Consumer = c, seen: list[bytes] = seen) -> bool:
+                    seen.extend(m.value for m in c.poll(0.2))
+                    return len(seen) >= 20
+
+                wait_for(everything, 60, f"{group} to read everything")
+            assert seen == [b"m%d" % i for i in range(20)]  # in order, exactly once
+            where, other = (slave, master) if reads_slave else (master, slave)
+            assert any(ln.startswith(f"{group} audit part 0") for ln in stats(where, "lag"))
+            assert not any(ln.startswith(f"{group} ") for ln in stats(other, "lag"))
