@@ -127,3 +127,27 @@ def load_slave_config(path: str) -> SlaveConfig:
     except (OSError, UnicodeDecodeError) as e:
         raise HaConfigError(f"cannot read {path}: {e}") from e
     return parse_slave_config(text, path)
+
+
+def _sections(text: str) -> list[tuple[str, list[str]]]:
+    """(header, lines) per section of an ini text; the header of the lines before the first
+    section is ``""``."""
+    out: list[tuple[str, list[str]]] = [("", [])]
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("[") and stripped.endswith("]"):
+            out.append((stripped[1:-1].strip(), [line]))
+        else:
+            out[-1][1].append(line)
+    return out
+
+
+def merge_master_topics(own: str, master: str) -> str:
+    """``own`` server.ini with its ``[topic=...]`` sections replaced by the master's.
+
+    ``autoSyncMasterConfig``: the slave takes the master's topics, and keeps its own
+    ``[system]`` and ``[zookeeper]`` (its data path, port and host are its own)."""
+    keep = [lines for name, lines in _sections(own) if not name.startswith("topic=")]
+    topics = [lines for name, lines in _sections(master) if name.startswith("topic=")]
+    parts = ["\n".join(lines).rstrip("\n") for lines in keep + topics]
+    return "\n\n".join(p for p in parts if p.strip()) + "\n"

@@ -4,9 +4,9 @@
 (the broker watches ``brokers/ids/<id>/master`` in ZooKeeper and passes ``master_url``), it
 keeps two connections to the master: a control one, which every second asks ``stats offsets``
 (which partitions exist there, their first and last offsets) and, with
-``autoSyncMasterConfig=true``, compares the master's ``config_checksum`` with its own and on a
-difference fetches ``stats config`` and hands the text to ``apply_master_config`` (the broker
-rewrites its server.ini and reloads its topics, MetaQ's behaviour); and a data one, shared by
+``autoSyncMasterConfig=true``, watches the master's ``config_checksum`` and whenever it is not
+the one last copied fetches ``stats config`` and hands the text to ``apply_master_config`` (the
+broker takes the master's topics into its server.ini and reloads them); and a data one, shared by
 the :class:`~pymetaq.ha.replica.PartitionReplica` of every partition that both brokers know
 (the slave's own configuration decides which topics it keeps).
 
@@ -72,7 +72,6 @@ class AsyncSlave:
         master_url: Callable[[], str | None],
         replicated: Callable[[str, int], bool],
         fetch_size: int,
-        own_checksum: Callable[[], int] = lambda: 0,
         apply_master_config: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
@@ -80,7 +79,7 @@ class AsyncSlave:
         self.master_url = master_url
         self.replicated = replicated
         self.fetch_size = fetch_size
-        self.own_checksum = own_checksum
+        self._synced_checksum: str | None = None  # the master's config last copied
         self.apply_master_config = apply_master_config
         self.replicas: dict[Key, PartitionReplica] = {}
         self.state = "waiting for the master to register"
@@ -182,7 +181,7 @@ class AsyncSlave:
             (ln.split()[1] for ln in parse_stats(reply.body) if ln.startswith("config_checksum ")),
             None,
         )
-        if theirs is None or theirs == str(self.own_checksum()):
+        if theirs is None or theirs == self._synced_checksum:
             return
         text = await ctl.request(StatsCommand("config"), 30.0)
         if isinstance(text, ResultReply) and text.code == 200 and self.apply_master_config:
@@ -190,6 +189,7 @@ class AsyncSlave:
                 "slave %d: the master's configuration changed: copying it", self.config.slave_id
             )
             self.apply_master_config(text.body.decode("utf-8"))
+            self._synced_checksum = theirs
 
     def _spawn(
         self,

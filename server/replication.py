@@ -15,8 +15,9 @@ A broker started with ``-Fmetaslave=async_slave.properties`` is an asynchronous 
   slaveGroup) and partition, the ``stats lag`` line: ``<group> <topic> part <p> fetch_offset
   <n> max_offset <n> lag_bytes <n> lag_seconds <s> idle_seconds <s>``.
 
-With ``autoSyncMasterConfig=true`` the master's server.ini (``stats config``) replaces the
-slave's own file (written to a temporary file and renamed) and the topics are reloaded.
+With ``autoSyncMasterConfig=true`` the master's ``[topic=...]`` sections (from ``stats
+config``) replace the slave's own in its server.ini (written to a temporary file and renamed;
+``[system]`` and ``[zookeeper]`` stay the slave's) and the topics are reloaded.
 
 Thread-safety: ``attach``/``close`` on the broker's loop; the ZooKeeper watch's callback runs
 on kazoo's thread and only stores a string.
@@ -29,7 +30,7 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from pymetaq.ha.config import SLAVE_GROUP_PREFIX, SlaveConfig
+from pymetaq.ha.config import SLAVE_GROUP_PREFIX, SlaveConfig, merge_master_topics
 from pymetaq.ha.slave import AsyncSlave
 from pymetaq.server.errors import ConfigError
 from pymetaq.server.monitor.state import lag_line
@@ -88,18 +89,27 @@ def start_slave(broker: Broker) -> AsyncSlave:
         master_url=watch,
         replicated=replicated,
         fetch_size=broker.config.system.max_transfer_size,
-        own_checksum=lambda: int(broker.config.checksum),
         apply_master_config=lambda text: apply_master_config(broker, text),
     )
     slave.start()
     return slave
 
 
-def apply_master_config(broker: Broker, text: str) -> None:
-    """Replace the slave's server.ini by the master's and reload its topics."""
+def apply_master_config(broker: Broker, master_text: str) -> None:
+    """Take the master's ``[topic=...]`` sections into the slave's server.ini (its own
+    ``[system]`` and ``[zookeeper]`` stay) and reload the topics."""
     path = broker.config.path
     if not path or path.startswith("<") or not os.path.isfile(path):
         log.warning("autoSyncMasterConfig: this broker runs without a config file; not copying")
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            own = f.read()
+    except OSError as e:
+        log.error("autoSyncMasterConfig: cannot read %s: %s", path, e)
+        return
+    text = merge_master_topics(own, master_text)
+    if text == own:
         return
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".server.ini.", dir=directory)
@@ -114,6 +124,17 @@ def apply_master_config(broker: Broker, text: str) -> None:
         return
     _applied, what = broker.reload_now()
     log.info("autoSyncMasterConfig: copied the master's configuration to %s: %s", path, what)
+
+
+def slaves_text(broker: Broker, none: str) -> str:
+    """``admin slaves``: the replication lines with a title (``none`` when there are none)."""
+    lines = replication_lines(broker)
+    if broker.slave_config is not None:
+        sid, bid = broker.slave_config.slave_id, broker.config.system.broker_id
+        return "\r\n".join([f"this broker is slave{sid} of brokerId {bid}", *lines])
+    if not lines:
+        return none
+    return "\r\n".join(["slaves (one line per slave group and partition):", *lines])
 
 
 def replication_lines(broker: Broker) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import threading
 from pathlib import Path
 
@@ -195,3 +196,19 @@ def test_consumers_read_from_the_slave_when_asked(tmp_path: Path, zk_hosts: str)
             where, other = (slave, master) if reads_slave else (master, slave)
             assert any(ln.startswith(f"{group} audit part 0") for ln in stats(where, "lag"))
             assert not any(ln.startswith(f"{group} ") for ln in stats(other, "lag"))
+
+
+def test_auto_sync_master_config_takes_the_masters_topics(tmp_path: Path, zk_hosts: str) -> None:
+    props = "slaveId=2\nslaveMaxDelayInMills=200\nautoSyncMasterConfig=true\n"
+    with start_master(tmp_path, zk_hosts) as master:
+        ini = master.config_path.read_text(encoding="utf-8")
+        master.config_path.write_text(ini + "\n[topic=late]\nnumPartitions=3\n", encoding="utf-8")
+        master.signal(signal.SIGHUP)  # the master reloads: a new topic, a new checksum
+        with Producer(f"meta://127.0.0.1:{master.port}") as p:
+            wait_for(lambda: p.send("late", b"x", partition=2).success, 30, "the new topic")
+        with start_slave(tmp_path, zk_hosts, slave_id=2, properties=props) as slave:
+            wait_for(lambda: ("late", 2) in offsets(slave), 30, "the slave to take the topic")
+            wait_for(lambda: _caught_up(master, slave), 30, "the slave to copy it")
+            text = slave.config_path.read_text(encoding="utf-8")
+            assert "[topic=late]" in text
+            assert f"dataPath={slave.data_path}" in text  # its own [system] stays

@@ -10,6 +10,7 @@ import pytest
 from pymetaq.ha.config import (
     HaConfigError,
     SlaveConfig,
+    merge_master_topics,
     parse_plugin_option,
     parse_properties,
     parse_slave_config,
@@ -101,3 +102,14 @@ def test_a_replica_log_starts_at_the_masters_first_offset_and_rolls_where_told(
         assert plog is not None and (plog.min_offset, plog.write_offset) == (4096, 4096 + 140)
     finally:
         m.close()
+
+
+def test_merge_master_topics_keeps_the_slaves_own_system() -> None:
+    own = "; mine\n[system]\nbrokerId=0\ndataPath=/slave\n\n[topic=old]\nnumPartitions=1\n"
+    master = (
+        "[system]\ndataPath=/master\n[zookeeper]\nzk.zkEnable=true\n[topic=a]\nx=1\n[topic=b]\n"
+    )
+    merged = merge_master_topics(own, master)
+    assert merged == (
+        "; mine\n\n[system]\nbrokerId=0\ndataPath=/slave\n\n[topic=a]\nx=1\n\n[topic=b]\n"
+    )
