@@ -24,6 +24,7 @@ Thread-safety: pure functions and a frozen dataclass.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass
@@ -34,7 +35,17 @@ SLAVE_KEYS = ("slaveId", "slaveGroup", "slaveMaxDelayInMills", "autoSyncMasterCo
 DEFAULT_SLAVE_GROUP = "meta-slave-group"
 #: the groups a master shows as its slaves in ``stats replication`` start with this
 SLAVE_GROUP_PREFIX = DEFAULT_SLAVE_GROUP
-PLUGINS = ("metaslave",)
+PLUGINS = ("metaslave", "samsa", "gregor")
+SAMSA_KEYS = (
+    "slave",
+    "sendToSlaveTimeoutInMills",
+    "slaveContinuousFailureThreshold",
+    "checkSlaveIntervalInMills",
+    "recoverOffset",
+    "callbackThreadCount",
+    "recoverParallel",
+    "recoverParallelHint",
+)
 _SEP = re.compile(r"\s*[=:]\s*|\s+")
 
 
@@ -104,6 +115,66 @@ def parse_slave_config(text: str, source: str = "async_slave.properties") -> Sla
     return SlaveConfig(sid, group, delay, auto, source)
 
 
+@dataclass(frozen=True)
+class SamsaConfig:
+    """``samsa_master.properties``: the master of a synchronous pair (MetaQ's keys; the
+    thread-pool keys ``callbackThreadCount``, ``recoverParallel``, ``recoverParallelHint`` are
+    accepted and have no use here: one event loop does the work)."""
+
+    slave_host: str
+    slave_port: int
+    send_timeout_ms: int = 2000
+    failure_threshold: int = 100
+    check_interval_ms: int = 100
+    recover_offset: bool = False
+    path: str = ""
+
+
+def _bool(source: str, key: str, value: str, no: int) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise HaConfigError(f"{source}:{no}: {key}={value!r}: true or false")
+    return value.lower() == "true"
+
+
+def _check_keys(props: dict[str, tuple[str, int]], known: tuple[str, ...], source: str) -> None:
+    for key, (_, no) in props.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(known)})"
+            raise HaConfigError(f"{source}:{no}: unknown key {key!r}{hint}")
+
+
+def parse_samsa_config(text: str, source: str = "samsa_master.properties") -> SamsaConfig:
+    """Check a ``samsa_master.properties`` text."""
+    props = parse_properties(text, source)
+    _check_keys(props, SAMSA_KEYS, source)
+    if "slave" not in props:
+        raise HaConfigError(f"{source}: slave=host:port is required (the gregor slave's address)")
+    value, no = props["slave"]
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise HaConfigError(f"{source}:{no}: slave={value!r} is not host:port")
+    cfg = SamsaConfig(host.strip("[]"), int(port), path=source)
+    ints = {
+        "sendToSlaveTimeoutInMills": ("send_timeout_ms", 1, 3_600_000),
+        "slaveContinuousFailureThreshold": ("failure_threshold", 1, 1 << 30),
+        "checkSlaveIntervalInMills": ("check_interval_ms", 1, 3_600_000),
+    }
+    changes: dict[str, object] = {}
+    for key, (field, lo, hi) in ints.items():
+        if key in props:
+            changes[field] = _int(source, key, *props[key], lo, hi)
+    if "recoverOffset" in props:
+        changes["recover_offset"] = _bool(source, "recoverOffset", *props["recoverOffset"])
+    return dataclasses.replace(cfg, **changes)  # type: ignore[arg-type]
+
+
+def parse_gregor_config(text: str, source: str = "gregor_slave.properties") -> None:
+    """``gregor_slave.properties`` has no keys in MetaQ 1.4: anything but comments is refused."""
+    props = parse_properties(text, source)
+    _check_keys(props, (), source)
+
+
 def parse_plugin_option(option: str) -> tuple[str, str]:
     """``metaslave=async_slave.properties`` -> (plugin, path); HaConfigError if malformed."""
     name, sep, path = option.partition("=")
@@ -120,13 +191,47 @@ def parse_plugin_option(option: str) -> tuple[str, str]:
     return name, path
 
 
-def load_slave_config(path: str) -> SlaveConfig:
-    """Read and check ``path`` (HaConfigError when unreadable or invalid)."""
+def _read(path: str) -> str:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise HaConfigError(f"cannot read {path}: {e}") from e
-    return parse_slave_config(text, path)
+
+
+def load_slave_config(path: str) -> SlaveConfig:
+    """Read and check ``path`` (HaConfigError when unreadable or invalid)."""
+    return parse_slave_config(_read(path), path)
+
+
+@dataclass(frozen=True)
+class Plugins:
+    """What the ``-F`` options asked for (at most one role)."""
+
+    metaslave: SlaveConfig | None = None
+    samsa: SamsaConfig | None = None
+    gregor: bool = False
+
+
+def load_plugins(options: list[str]) -> Plugins:
+    """The ``-F<plugin>=<file>`` options, each file read and checked; one role at most."""
+    found: dict[str, object] = {}
+    for option in options:
+        name, path = parse_plugin_option(option)
+        if name in found:
+            raise HaConfigError(f"-F{option}: -F{name} given twice")
+        text = _read(path)
+        if name == "metaslave":
+            found[name] = parse_slave_config(text, path)
+        elif name == "samsa":
+            found[name] = parse_samsa_config(text, path)
+        else:
+            parse_gregor_config(text, path)
+            found[name] = True
+    if len(found) > 1:
+        raise HaConfigError(
+            f"-F{' -F'.join(sorted(found))}: a broker has one role: metaslave, samsa or gregor"
+        )
+    return Plugins(**found)  # type: ignore[arg-type]
 
 
 def _sections(text: str) -> list[tuple[str, list[str]]]:

@@ -40,13 +40,14 @@ from pymetaq.server.dispatch import Dispatcher
 from pymetaq.server.errors import BrokerStateError, ConfigError, StartupError
 from pymetaq.server.http import start_dashboard
 from pymetaq.server.registry import RegistryError
-from pymetaq.server.replication import check_slave_config, start_slave
+from pymetaq.server.replication import check_slave_config, start_slave, start_sync_link
 from pymetaq.server.transaction.service import TransactionService
 from pymetaq.storage import MessageStoreManager, StorageError
 
 if TYPE_CHECKING:
-    from pymetaq.ha.config import SlaveConfig
+    from pymetaq.ha.config import SamsaConfig, SlaveConfig
     from pymetaq.ha.slave import AsyncSlave
+    from pymetaq.ha.sync import SyncLink
 
 log = logging.getLogger("pymetaq.server")
 
@@ -56,13 +57,24 @@ STOP_GRACE_S = 10.0
 class Broker:
     """One pymetaq broker (see the module docstring)."""
 
-    def __init__(self, config: BrokerConfig, *, slave_config: SlaveConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        slave_config: SlaveConfig | None = None,
+        samsa: SamsaConfig | None = None,
+        gregor: bool = False,
+    ) -> None:
         if slave_config is not None:
             check_slave_config(config, slave_config)
         self.config = config
         #: ``-Fmetaslave=...``: this broker is an asynchronous slave (pymetaq.ha.slave)
         self.slave_config = slave_config
         self.slave: AsyncSlave | None = None
+        #: ``-Fsamsa=...``: the master of a synchronous pair; ``-Fgregor=...``: its slave
+        self.samsa = samsa
+        self.gregor = gregor
+        self.sync_link: SyncLink | None = None
         self.store: Any = None
         self.transactions: Any = None
         self.port = 0
@@ -166,6 +178,9 @@ class Broker:
         self._stop_event = asyncio.Event()
         self._open_store()
         self.dispatcher = dispatcher = Dispatcher(self, loop)
+        if self.samsa is not None:
+            self.sync_link = start_sync_link(self)
+            dispatcher.appender.replicator = self.sync_link
         port = self.config.system.server_port
         try:
             server = await loop.create_server(
@@ -241,6 +256,10 @@ class Broker:
             raise
 
     async def _register(self) -> None:
+        if self.gregor:  # MetaQ's gregor slave forces zkEnable=false: clients never see it
+            if self.config.zookeeper.enabled:
+                log.info("gregor slave: not registering in ZooKeeper (as MetaQ)")
+            return
         if self.config.zookeeper.enabled:  # kazoo is imported only then
             from pymetaq.server.registry import open_registry
 
@@ -292,6 +311,8 @@ class Broker:
             conn.abort()
         await server.wait_closed()
         await self.transactions.aclose()
+        if self.sync_link is not None:
+            await self.sync_link.close()
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         log.info("stopped: storage closed cleanly")
 

@@ -40,7 +40,9 @@ def add_parser(subparsers: Any) -> None:
         default=[],
         metavar="PLUGIN=FILE",
         help="MetaQ's plugin option: -Fmetaslave=async_slave.properties runs this broker as an "
-        "asynchronous slave of the master with the same brokerId (needs ZooKeeper)",
+        "asynchronous slave of the master with the same brokerId (needs ZooKeeper); "
+        "-Fsamsa=samsa_master.properties as the master of a synchronous pair, "
+        "-Fgregor=gregor_slave.properties as its slave",
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run)
@@ -58,19 +60,15 @@ def _raise_fd_limit() -> None:
         pass
 
 
-def _slave_config(options: list[str]) -> Any:
-    """The ``-F`` options: the metaslave plugin's file, checked (ConfigError: exit code 2)."""
-    from pymetaq.ha.config import HaConfigError, load_slave_config, parse_plugin_option
+def _plugins(options: list[str]) -> Any:
+    """The ``-F`` options, their files checked (ConfigError: exit code 2)."""
+    from pymetaq.ha.config import HaConfigError, load_plugins
     from pymetaq.server.errors import ConfigError
 
-    slave = None
     try:
-        for option in options:
-            _name, path = parse_plugin_option(option)
-            slave = load_slave_config(path)
+        return load_plugins(options)
     except HaConfigError as e:
         raise ConfigError(str(e)) from e
-    return slave
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,7 +88,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.port is not None:
         config = config.with_system(server_port=args.port)
-    slave = _slave_config(args.plugins)
+    plugins = _plugins(args.plugins)
     _raise_fd_limit()
-    code: int = Broker(config, slave_config=slave).run()
+    broker = Broker(
+        config, slave_config=plugins.metaslave, samsa=plugins.samsa, gregor=plugins.gregor
+    )
+    code: int = broker.run()
     return code

@@ -81,6 +81,7 @@ from pymetaq.client.protocol import (
     VersionCommand,
 )
 from pymetaq.client.protocol.names import topic_name_error
+from pymetaq.ha.sync import sync_record
 from pymetaq.server.config import TopicConfig
 from pymetaq.server.connection import Connection
 from pymetaq.server.errors import describe_os_error
@@ -96,7 +97,7 @@ from pymetaq.server.monitor.ops import Admin, is_loopback
 from pymetaq.server.monitor.state import LAG_HELP, Monitor
 from pymetaq.server.partitions import Partitions, TooManyPartitions
 from pymetaq.server.puts import Appender
-from pymetaq.server.replication import REPLICATION_HELP, SLAVE_PUT_REFUSED, replication_lines
+from pymetaq.server.replication import REPLICATION_HELP, put_refusal, replication_lines
 from pymetaq.server.stats import VERSION, PartitionInfo, Stats
 from pymetaq.storage import (
     PartitionLog,
@@ -275,7 +276,7 @@ class Dispatcher:
 
     # -- put ------------------------------------------------------------------------------------
     def _put_target(
-        self, conn: Connection, topic: str, partition: int, opaque: int
+        self, conn: Connection, topic: str, partition: int, opaque: int, *, sync: bool = False
     ) -> tuple[PartitionLog, TopicConfig] | None:
         """Resolve (topic, partition) for a put, answering the error itself; None on error."""
         bad = topic_name_error(topic)
@@ -288,11 +289,8 @@ class Dispatcher:
                 conn, opaque, f"The topic `{topic}` is not in topics list of the broker"
             )
             return None
-        slave = self.broker.slave_config
-        if slave is not None:  # a replica: only the master writes its offsets
-            refused = SLAVE_PUT_REFUSED.format(
-                id=self.broker.config.system.broker_id, sid=slave.slave_id
-            )
+        refused = None if sync else put_refusal(self.broker)
+        if refused is not None:  # a replica: only the master writes its offsets
             self._put_failed(conn, opaque, refused, code=403)
             return None
         if not tc.accept_publish:
@@ -514,7 +512,22 @@ class Dispatcher:
         conn.result(200, VERSION.encode(), cmd.opaque)
 
     def on_sync(self, conn: Connection, cmd: SyncCommand) -> None:
-        conn.result(500, SYNC_DISABLED, cmd.opaque)
+        """A gregor slave stores its samsa master's message (its id and flag) and answers once
+        it is durable; any other broker refuses."""
+        if not self.broker.gregor:
+            conn.result(500, SYNC_DISABLED, cmd.opaque)
+            return
+        self.stats.counters["cmd_put"] += 1
+        try:
+            record = sync_record(cmd)
+        except ValueError as e:
+            self._put_failed(conn, cmd.opaque, f"Put message failed: {e}")
+            return
+        target = self._put_target(conn, cmd.topic, cmd.partition, cmd.opaque, sync=True)
+        if target is None:
+            return
+        plog, tc = target
+        self.appender.synced(conn, plog, tc.stat, record, cmd.msg_id, cmd.opaque)
 
     def on_admin(self, conn: Connection, cmd: AdminCommand) -> None:
         """pymetaq's ``admin`` (server/monitor/ops.py): loopback peers only until clients are

@@ -14,6 +14,11 @@ What a master broker ``<id>`` at ``meta://host:port`` keeps registered, under ``
 |                                             |            | "<id>-m"}`` if acceptPublish   |
 | ``brokers/topics-sub/<t>/<id>-m``           | ephemeral  | same, if acceptSubscribe       |
 
+An asynchronous slave (``-Fmetaslave``, ``slave_id=n``) registers ``brokers/ids/<id>/slave<n>``
+instead of ``master``, its topics as ``<id>-s<n>``, and neither the parent's data nor the
+checksum node (MetaQ's slave).  :meth:`BrokerRegistry.suspend` / :meth:`resume` take a samsa
+master out of ZooKeeper while its slave keeps failing, and back.
+
 Topics: every configured (non-pattern) topic, every topic with a store on disk at startup, and
 each topic matching a pattern section when its store is created (first put:
 :meth:`BrokerRegistry.add_topic`, called by the dispatcher).  :meth:`BrokerRegistry.reload`
@@ -164,6 +169,7 @@ class BrokerRegistry:
         self._held: set[str] = set()  # ephemeral paths we created in the current session
         self._session: int | None = None
         self._waiting_logged: set[str] = set()
+        self._suspended = False
         self._loop = RefreshLoop(
             f"pymetaq-registry-{self.broker_id}",
             self._reconcile,
@@ -245,6 +251,28 @@ class BrokerRegistry:
         """The configuration changed: register what it says now."""
         self._loop.wake()
 
+    def suspend(self) -> None:
+        """Leave ZooKeeper (delete our ephemeral nodes) until :meth:`resume`: a samsa master
+        whose slave keeps failing (MetaQ's behaviour); the session stays open."""
+        from kazoo.exceptions import KazooException
+
+        with self._lock:
+            self._suspended = True
+        sid = session_id(self.client)
+        try:
+            for path in sorted(self._held, reverse=True):
+                self._delete_if_ours(path, sid)
+        except KazooException as e:
+            log.warning("ZooKeeper unregistration incomplete (%r)", e)
+        log.warning("broker %d left ZooKeeper until its slave answers again", self.broker_id)
+
+    def resume(self) -> None:
+        """Register again after :meth:`suspend`."""
+        with self._lock:
+            self._suspended = False
+        self._loop.wake()
+        log.info("broker %d registers in ZooKeeper again", self.broker_id)
+
     def registered(self) -> set[str]:
         """The ephemeral paths this broker holds now (tests, observability)."""
         with self._lock:
@@ -294,7 +322,7 @@ class BrokerRegistry:
         return self.paths.broker_slave(self.broker_id, self.slave_id)
 
     def _reconcile(self) -> float | None:
-        if not self.client.connected:
+        if self._suspended or not self.client.connected:
             return None  # the CONNECTED listener wakes us
         sid = session_id(self.client)
         if sid != self._session:

@@ -25,6 +25,7 @@ on kazoo's thread and only stores a string.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import tempfile
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from pymetaq.ha.config import SLAVE_GROUP_PREFIX, SlaveConfig, merge_master_topics
 from pymetaq.ha.slave import AsyncSlave
+from pymetaq.ha.sync import SyncLink
 from pymetaq.server.errors import ConfigError
 from pymetaq.server.monitor.state import lag_line
 
@@ -43,10 +45,24 @@ log = logging.getLogger("pymetaq.server")
 REPLICATION_HELP = (
     "Returns the replication state: a slave's lag per partition, a master's slaves (pymetaq)."
 )
+GREGOR_PUT_REFUSED = (
+    "broker {id} is a gregor slave (the synchronous replica of its samsa master): "
+    "send messages to the master"
+)
 SLAVE_PUT_REFUSED = (
     "broker {id} is slave{sid} (an asynchronous replica of its master): "
     "send messages to the master, brokerId={id}"
 )
+
+
+def put_refusal(broker: Broker) -> str | None:
+    """Why a client's put is refused here (a replica), or None."""
+    bid = broker.config.system.broker_id
+    if broker.slave_config is not None:
+        return SLAVE_PUT_REFUSED.format(id=bid, sid=broker.slave_config.slave_id)
+    if broker.gregor:
+        return GREGOR_PUT_REFUSED.format(id=bid)
+    return None
 
 
 def check_slave_config(broker_config: Any, slave: SlaveConfig) -> None:
@@ -147,3 +163,24 @@ def replication_lines(broker: Broker) -> list[str]:
         return []
     rows = dispatcher.monitor.lag_rows(broker.store.logs())
     return [lag_line(r) for r in rows if r.group.startswith(SLAVE_GROUP_PREFIX)]
+
+
+def start_sync_link(broker: Broker) -> SyncLink:
+    """A samsa master's link to its gregor slave (loop thread); after
+    ``slaveContinuousFailureThreshold`` failures the broker leaves ZooKeeper until the slave
+    answers again (MetaQ's behaviour)."""
+    assert broker.samsa is not None
+    loop = asyncio.get_running_loop()
+
+    def registry_call(name: str) -> None:
+        registry = broker.registry
+        if registry is not None:
+            loop.run_in_executor(None, getattr(registry, name))
+
+    link = SyncLink(
+        broker.samsa,
+        on_unhealthy=lambda: registry_call("suspend"),
+        on_healthy=lambda: registry_call("resume"),
+    )
+    link.start()
+    return link

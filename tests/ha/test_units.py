@@ -10,13 +10,17 @@ import pytest
 from pymetaq.ha.config import (
     HaConfigError,
     SlaveConfig,
+    load_plugins,
     merge_master_topics,
+    parse_gregor_config,
     parse_plugin_option,
     parse_properties,
+    parse_samsa_config,
     parse_slave_config,
 )
 from pymetaq.ha.replica import ReplicaError, complete_prefix
 from pymetaq.ha.slave import parse_offsets
+from pymetaq.ha.sync import sync_commands, sync_record
 from pymetaq.storage.record import encode_record
 from tests.storage._helpers import batch, manager, segment_names
 
@@ -113,3 +117,44 @@ def test_merge_master_topics_keeps_the_slaves_own_system() -> None:
     assert merged == (
         "; mine\n\n[system]\nbrokerId=0\ndataPath=/slave\n\n[topic=a]\nx=1\n\n[topic=b]\n"
     )
+
+
+def test_samsa_properties() -> None:
+    text = "slave=10.0.0.2:8123\nsendToSlaveTimeoutInMills=500\nrecoverOffset=true\ncallbackThreadCount=4\n"
+    cfg = parse_samsa_config(text, "s")
+    assert (cfg.slave_host, cfg.slave_port, cfg.send_timeout_ms, cfg.recover_offset) == (
+        "10.0.0.2",
+        8123,
+        500,
+        True,
+    )
+    assert (cfg.failure_threshold, cfg.check_interval_ms) == (100, 100)  # MetaQ's defaults
+    with pytest.raises(HaConfigError, match="slave=host:port is required"):
+        parse_samsa_config("recoverOffset=false\n", "s")
+    with pytest.raises(HaConfigError, match="is not host:port"):
+        parse_samsa_config("slave=nohost\n", "s")
+    with pytest.raises(HaConfigError, match="unknown key 'x'"):
+        parse_gregor_config("x=1\n", "g")
+
+
+def test_one_role_per_broker(tmp_path: Path) -> None:
+    a = tmp_path / "a.properties"
+    a.write_text("slaveId=0\n")
+    g = tmp_path / "g.properties"
+    g.write_text("")
+    assert load_plugins([f"gregor={g}"]).gregor
+    with pytest.raises(HaConfigError, match="one role"):
+        load_plugins([f"metaslave={a}", f"gregor={g}"])
+
+
+def test_sync_commands_carry_the_stored_ids_and_flags() -> None:
+    recs = encode_record(b"one", 0, 11) + encode_record(b"two!", 1, 12)
+    cmds = sync_commands("t", 3, recs)
+    assert [(c.topic, c.partition, c.data, c.flag, c.msg_id) for c in cmds] == [
+        ("t", 3, b"one", 0, 11),
+        ("t", 3, b"two!", 1, 12),
+    ]
+    assert b"".join(sync_record(c) for c in cmds) == recs  # the slave stores the same bytes
+    bad = cmds[0].__class__("t", 3, b"one", 0, 11, checksum=1)
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        sync_record(bad)
