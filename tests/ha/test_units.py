@@ -3,10 +3,12 @@ and the two storage hooks a replica uses (a log created at an offset, a forced n
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from pymetaq.client.protocol import encode
 from pymetaq.ha.config import (
     HaConfigError,
     SlaveConfig,
@@ -20,7 +22,7 @@ from pymetaq.ha.config import (
 )
 from pymetaq.ha.replica import ReplicaError, complete_prefix
 from pymetaq.ha.slave import parse_offsets
-from pymetaq.ha.sync import sync_commands, sync_record
+from pymetaq.ha.sync import encode_syncs, sync_commands, sync_record
 from pymetaq.storage.record import encode_record
 from tests.storage._helpers import batch, manager, segment_names
 
@@ -158,3 +160,13 @@ def test_sync_commands_carry_the_stored_ids_and_flags() -> None:
     bad = cmds[0].__class__("t", 3, b"one", 0, 11, checksum=1)
     with pytest.raises(ValueError, match="checksum mismatch"):
         sync_record(bad)
+
+
+def test_encode_syncs_writes_what_the_codec_writes() -> None:
+    recs = encode_record(b"one", 0, 11) + encode_record(b"two!", 1, 12)
+    buf, count = encode_syncs("t", 3, recs, 41)
+    want = b"".join(
+        encode(dataclasses.replace(c, opaque=41 + i))
+        for i, c in enumerate(sync_commands("t", 3, recs))
+    )
+    assert (bytes(buf), count) == (want, 2)
