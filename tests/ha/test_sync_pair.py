@@ -7,8 +7,11 @@ with the slave SIGKILLed puts fail with 500 and nothing is acknowledged that the
 
 from __future__ import annotations
 
+import json
 import random
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -48,6 +51,31 @@ def start_samsa(tmp_path: Path, slave_port: int, **keys: object) -> BrokerProces
     return BrokerProcess.start(
         tmp_path, name="samsa", topics=TOPICS, extra_args=[f"-Fsamsa={props}"]
     )
+
+
+def pymetaq(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pymetaq.server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_verify_finds_replicas_that_differ(tmp_path: Path) -> None:
+    with (
+        BrokerProcess.start(tmp_path, name="a", topics=TOPICS) as a,
+        BrokerProcess.start(tmp_path, name="b", topics=TOPICS) as b,
+    ):
+        for broker, fill in ((a, b"a"), (b, b"b")):
+            with Producer(f"meta://127.0.0.1:{broker.port}") as p:
+                assert p.send("orders", fill * 10, partition=0).success
+        out = pymetaq("verify", "--master", f"127.0.0.1:{a.port}", "--slave", f"127.0.0.1:{b.port}")
+        assert out.returncode == 1
+        assert "DIFFERS" in out.stdout and "orders  0" in " ".join(out.stdout.split("|"))
+    bad = pymetaq("verify", "--master", "nonsense", "--slave", "127.0.0.1:1")
+    assert bad.returncode == 2 and bad.stderr.startswith("pymetaq verify: bad address")
+    assert "Traceback" not in bad.stderr
 
 
 def records(broker: BrokerProcess, partition: int) -> list[tuple[int, int, bytes]]:
@@ -105,6 +133,26 @@ def test_acks_wait_for_the_slave_and_the_logs_are_identical(tmp_path: Path) -> N
         for part in (0, 1):
             ours, theirs = records(master, part), records(slave, part)
             assert ours == theirs and len(ours) == 200
+        verify = pymetaq(
+            "verify", "--master", f"127.0.0.1:{master.port}", "--slave", f"127.0.0.1:{slave.port}"
+        )
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        assert verify.stdout.count(" same") == 2 and "DIFFERS" not in verify.stdout
+        strict = pymetaq(
+            "verify",
+            "--strict",
+            "--json",
+            "--master",
+            f"127.0.0.1:{master.port}",
+            "--slave",
+            f"127.0.0.1:{slave.port}",
+        )
+        assert strict.returncode == 0
+        docs = json.loads(strict.stdout)
+        assert [(d["topic"], d["partition"], d["identical"]) for d in docs] == [
+            ("orders", 0, True),
+            ("orders", 1, True),
+        ]
         with Wire(slave.address) as w:  # the slave takes no puts of its own
             reply = w.call(b"put orders 0 5 0 7\r\nhello")
         assert isinstance(reply, ResultReply) and reply.code == 403
