@@ -192,7 +192,7 @@ class SyncLink:
                     if not logged:
                         log.warning("samsa: the slave %s is unreachable: %s", self.url, e)
                         logged = True
-            elif self.unhealthy:  # MetaQ's heal thread: probe until the slave answers
+            if self.unhealthy and self.connected:  # MetaQ's heal thread: probe until it answers
                 await self._probe()
             await asyncio.sleep(interval)
 
@@ -208,8 +208,11 @@ class SyncLink:
             self.on_healthy()
 
     def check(self) -> str | None:
-        """None if a put may go ahead, else MetaQ's refusal text."""
-        return None if self.connected else SLAVE_DISCONNECTED
+        """None if a put may go ahead, else MetaQ's refusal text (a failure, counted)."""
+        if self.connected:
+            return None
+        self._failure()
+        return SLAVE_DISCONNECTED
 
     def replicate(
         self, topic: str, partition: int, records: bytes | bytearray
@@ -299,6 +302,9 @@ class SyncLink:
         if not fut.cancelled() and fut.exception() is None:
             self.failures = 0
             return
+        self._failure()
+
+    def _failure(self) -> None:
         self.failures += 1
         if self.failures >= self.config.failure_threshold and not self.unhealthy:
             self.unhealthy = True

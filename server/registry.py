@@ -355,6 +355,8 @@ class BrokerRegistry:
         from kazoo.exceptions import NodeExistsError, NoNodeError
 
         for _ in range(3):
+            if self._suspended:  # suspend() ran meanwhile: create nothing more
+                return False
             try:
                 self.client.create(path, value, ephemeral=True, makepath=True)
                 break

@@ -230,3 +230,49 @@ def _stopped_slave_blocks_acks(slave: BrokerProcess, master: BrokerProcess) -> N
         finally:
             slave.signal(signal.SIGCONT)
         wait_for(lambda: p.send("orders", b"after", partition=0, timeout_s=10).success, 30, "acks")
+
+
+@pytest.mark.zk
+def test_failing_slave_takes_the_master_out_of_zookeeper_until_it_heals(
+    tmp_path: Path, zk_hosts: str
+) -> None:
+    """slaveContinuousFailureThreshold failures in a row: the master deletes its nodes (the
+    producers move away); once the slave answers again it registers again (MetaQ)."""
+    from tests.cluster.conftest import new_client
+
+    port = free_port()
+    props = tmp_path / "samsa_master.properties"
+    props.write_text(
+        f"slave=127.0.0.1:{port}\nslaveContinuousFailureThreshold=3\ncheckSlaveIntervalInMills=50\n"
+    )
+    zk_keys = {"zk.zkEnable": "true", "zk.zkConnect": zk_hosts, "zk.zkSyncTimeMs": 100}
+    zk = new_client(zk_hosts)
+    try:
+        with (
+            start_gregor(tmp_path, port) as slave,
+            BrokerProcess.start(
+                tmp_path,
+                name="samsa",
+                topics=TOPICS,
+                zookeeper=zk_keys,
+                extra_args=[f"-Fsamsa={props}"],
+            ) as master,
+        ):
+            node = "/meta/brokers/ids/0/master"
+            wait_for(lambda: zk.exists(node), 30, "the master registered")
+            slave.kill()
+            with Producer(f"meta://127.0.0.1:{master.port}", retries=0) as p:
+                for _ in range(3):
+                    r = p.send("orders", b"x", partition=0, timeout_s=10)
+                    assert not r.success and "Slave is disconnected" in str(r.error)
+            wait_for(lambda: not zk.exists(node), 30, "the master left ZooKeeper")
+            wait_for(
+                lambda: not zk.exists("/meta/brokers/topics-pub/orders/0-m"), 30, "topics gone"
+            )
+            slave.restart()
+            wait_for(lambda: zk.exists(node), 30, "the master registered again")
+            with Producer(f"meta://127.0.0.1:{master.port}", retries=0) as p:
+                assert p.send("orders", b"healed", partition=0, timeout_s=10).success
+    finally:
+        zk.stop()
+        zk.close()
