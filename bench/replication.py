@@ -184,7 +184,7 @@ def main() -> None:
         for key in rs[0]:
             if key != "setup":
                 vals = [r[key] for r in rs if r[key] is not None]
-                row[key] = statistics.median(vals) if vals else None
+                row[key] = round(statistics.median(vals), 3) if vals else None
         row["vs_none"] = round(row["msgs_per_s"] / base, 3)
         rows.append(row)
     out = sys.stderr if args.json else sys.stdout

@@ -154,6 +154,8 @@ class Dispatcher:
         self.throttled = Throttled(log)
         self.longpoll = LongPoll(self)
         self.partitions = Partitions(broker, self._store_created)
+        #: a gregor slave's resolved sync targets (topic, partition) -> (log, topic config)
+        self._sync_targets: dict[tuple[str, int], tuple[PartitionLog, TopicConfig]] = {}
         self.tx = broker.transactions.attach(loop, self.stats, system.max_put_size)
         self.stats.add_item(
             "transactions", "Returns the open transactions (pymetaq).", self.tx.stats_lines
@@ -265,6 +267,7 @@ class Dispatcher:
     def invalidate_logs(self) -> None:
         """Forget cached log lookups (after a config reload)."""
         self.partitions.invalidate()
+        self._sync_targets.clear()
 
     def read_failure(self, plog: PartitionLog, exc: BaseException) -> bytes:
         """Log a failed read (throttled) and give the 500 reply's text."""
@@ -523,9 +526,13 @@ class Dispatcher:
         except ValueError as e:
             self._put_failed(conn, cmd.opaque, f"Put message failed: {e}")
             return
-        target = self._put_target(conn, cmd.topic, cmd.partition, cmd.opaque, sync=True)
-        if target is None:
-            return
+        key = (cmd.topic, cmd.partition)
+        target = self._sync_targets.get(key)
+        if target is None or target[0].closed or self.monitor.closed.active:
+            target = self._put_target(conn, cmd.topic, cmd.partition, cmd.opaque, sync=True)
+            if target is None:
+                return
+            self._sync_targets[key] = target  # a checked, existing partition: bounded
         plog, tc = target
         self.appender.synced(conn, plog, tc.stat, record, cmd.msg_id, cmd.opaque)
 
