@@ -10,8 +10,9 @@ there), each used for ``--rounds`` rounds, alternating:
 
 Each round: one ``Producer`` sends ``--messages`` messages of ``--size`` bytes to a 2-partition
 topic with ``send_async`` + ``flush`` (throughput, msgs/s); then ``--acks`` single sends one at
-a time (ack latency p50/p99, microseconds).  During the async rounds, the slave's ``stats
-replication`` is read every 20 ms: ``lag_max_bytes`` / ``lag_max_s`` are the largest lag seen,
+a time (ack latency p50/p99, microseconds).  During the async rounds, both brokers' ``stats
+offsets`` (bytes behind, measured from outside) and the slave's ``stats replication``
+(``lag_seconds``) are read every 20 ms: ``lag_max_bytes`` / ``lag_max_s`` are the largest seen,
 ``catch_up_s`` the time from the producer's last ack until the slave has everything.  Group
 commit (``unflushThreshold=0``) on every broker.  Medians over the rounds; ``vs_none`` = the
 setup's throughput / the unreplicated one's.
@@ -54,12 +55,18 @@ def stats_lines(b: BrokerProcess, item: str) -> list[str]:
     return [ln for ln in reply.body.decode().split("\r\n") if ln and ln not in ("STATS", "END")]
 
 
-def slave_lag(slave: BrokerProcess) -> tuple[int, float]:
-    """(sum of lag_bytes, max lag_seconds) over the slave's partitions."""
-    total, worst = 0, 0.0
+def max_offsets(b: BrokerProcess) -> dict[str, int]:
+    return {" ".join(ln.split()[:3]): int(ln.split()[6]) for ln in stats_lines(b, "offsets")}
+
+
+def slave_lag(master: BrokerProcess, slave: BrokerProcess) -> tuple[int, float]:
+    """(bytes: the master's durable ends minus the slave's, read from outside; the largest
+    lag_seconds the slave reports)."""
+    ours, theirs = max_offsets(master), max_offsets(slave)
+    total = sum(max(0, end - theirs.get(k, 0)) for k, end in ours.items())
+    worst = 0.0
     for line in stats_lines(slave, "replication")[1:]:
         f = line.split()
-        total += int(f[f.index("lag_bytes") + 1])
         s = f[f.index("lag_seconds") + 1]
         worst = max(worst, 0.0 if s == "unknown" else float(s))
     return total, worst
@@ -116,7 +123,7 @@ def run_round(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
         assert setup.slave is not None
         while not stop.is_set():
             with contextlib.suppress(Exception):
-                lag.append(slave_lag(setup.slave))
+                lag.append(slave_lag(setup.master, setup.slave))
             stop.wait(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -133,7 +140,7 @@ def run_round(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
         if setup.kind == "async":
             assert setup.slave is not None
             while time.monotonic() - done < 60:
-                if slave_lag(setup.slave)[0] == 0:
+                if slave_lag(setup.master, setup.slave)[0] == 0:
                     caught = time.monotonic() - done
                     break
                 time.sleep(0.005)

@@ -20,7 +20,7 @@ whose end is below the master's first offset (the master's retention deleted wha
 lacks) cannot continue contiguously: the partition stops with that error in its status.
 
 Lag (``stats replication`` on the slave): ``lag_bytes`` = the master's durable end (as last
-seen: every reply and the once-a-second ``stats offsets`` poll) minus the slave's end;
+seen: every reply and the ``stats offsets`` poll every 250 ms) minus the slave's end;
 ``lag_seconds`` = 0 when caught up, else the age of the newest record the slave holds (now
 minus the time in its msgId - MySQL's Seconds_Behind_Master), unknown before the first append.
 

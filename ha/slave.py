@@ -2,7 +2,7 @@
 
 :class:`AsyncSlave` runs on the slave broker's event loop.  While the master's address is known
 (the broker watches ``brokers/ids/<id>/master`` in ZooKeeper and passes ``master_url``), it
-keeps two connections to the master: a control one, which every second asks ``stats offsets``
+keeps two connections to the master: a control one, which every 250 ms asks ``stats offsets``
 (which partitions exist there, their first and last offsets) and, with
 ``autoSyncMasterConfig=true``, watches the master's ``config_checksum`` and whenever it is not
 the one last copied fetches ``stats config`` and hands the text to ``apply_master_config`` (the
@@ -37,7 +37,7 @@ from pymetaq.storage import MessageStoreManager
 
 log = logging.getLogger("pymetaq.ha")
 
-POLL_S = 1.0
+POLL_S = 0.25
 RETRY_S = 5.0
 Key = tuple[str, int]
 
