@@ -31,7 +31,7 @@ import signal
 import threading
 import time
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pymetaq.server import default_config
 from pymetaq.server.config import BrokerConfig
@@ -40,8 +40,14 @@ from pymetaq.server.dispatch import Dispatcher
 from pymetaq.server.errors import BrokerStateError, ConfigError, StartupError
 from pymetaq.server.http import start_dashboard
 from pymetaq.server.registry import RegistryError
+from pymetaq.server.replication import check_slave_config, start_slave, start_sync_link
 from pymetaq.server.transaction.service import TransactionService
 from pymetaq.storage import MessageStoreManager, StorageError
+
+if TYPE_CHECKING:
+    from pymetaq.ha.config import SamsaConfig, SlaveConfig
+    from pymetaq.ha.slave import AsyncSlave
+    from pymetaq.ha.sync import SyncLink
 
 log = logging.getLogger("pymetaq.server")
 
@@ -51,8 +57,24 @@ STOP_GRACE_S = 10.0
 class Broker:
     """One pymetaq broker (see the module docstring)."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        slave_config: SlaveConfig | None = None,
+        samsa: SamsaConfig | None = None,
+        gregor: bool = False,
+    ) -> None:
+        if slave_config is not None:
+            check_slave_config(config, slave_config)
         self.config = config
+        #: ``-Fmetaslave=...``: this broker is an asynchronous slave (pymetaq.ha.slave)
+        self.slave_config = slave_config
+        self.slave: AsyncSlave | None = None
+        #: ``-Fsamsa=...``: the master of a synchronous pair; ``-Fgregor=...``: its slave
+        self.samsa = samsa
+        self.gregor = gregor
+        self.sync_link: SyncLink | None = None
         self.store: Any = None
         self.transactions: Any = None
         self.port = 0
@@ -156,6 +178,9 @@ class Broker:
         self._stop_event = asyncio.Event()
         self._open_store()
         self.dispatcher = dispatcher = Dispatcher(self, loop)
+        if self.samsa is not None:
+            self.sync_link = start_sync_link(self)
+            dispatcher.appender.replicator = self.sync_link
         port = self.config.system.server_port
         try:
             server = await loop.create_server(
@@ -174,6 +199,8 @@ class Broker:
         try:
             self.dashboard = await start_dashboard(self, dispatcher)
             await self._register()
+            if self.slave_config is not None:
+                self.slave = start_slave(self)
         except BaseException:
             server.close()
             if self.dashboard is not None:
@@ -229,6 +256,10 @@ class Broker:
             raise
 
     async def _register(self) -> None:
+        if self.gregor:  # MetaQ's gregor slave forces zkEnable=false: clients never see it
+            if self.config.zookeeper.enabled:
+                log.info("gregor slave: not registering in ZooKeeper (as MetaQ)")
+            return
         if self.config.zookeeper.enabled:  # kazoo is imported only then
             from pymetaq.server.registry import open_registry
 
@@ -251,6 +282,8 @@ class Broker:
         return cached
 
     async def _shutdown(self, server: asyncio.Server, dispatcher: Dispatcher) -> None:
+        if self.slave is not None:  # stop appending before anything else stops
+            await self.slave.close()
         if self.registry is not None:  # MetaQ: unregister, let clients notice, then stop
             await asyncio.get_running_loop().run_in_executor(None, self.registry.stop)
             sync_ms = self.config.zookeeper.sync_time_ms
@@ -278,6 +311,8 @@ class Broker:
             conn.abort()
         await server.wait_closed()
         await self.transactions.aclose()
+        if self.sync_link is not None:
+            await self.sync_link.close()
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         log.info("stopped: storage closed cleanly")
 

@@ -33,6 +33,17 @@ def add_parser(subparsers: Any) -> None:
         "configuration (127.0.0.1:8123, data in ./data; `pymetaq config --print` shows it)",
     )
     p.add_argument("--port", type=int, default=None, help="override [system] serverPort")
+    p.add_argument(
+        "-F",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="PLUGIN=FILE",
+        help="MetaQ's plugin option: -Fmetaslave=async_slave.properties runs this broker as an "
+        "asynchronous slave of the master with the same brokerId (needs ZooKeeper); "
+        "-Fsamsa=samsa_master.properties as the master of a synchronous pair, "
+        "-Fgregor=gregor_slave.properties as its slave",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run)
 
@@ -47,6 +58,17 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ImportError, ValueError, OSError):
         pass
+
+
+def _plugins(options: list[str]) -> Any:
+    """The ``-F`` options, their files checked (ConfigError: exit code 2)."""
+    from pymetaq.ha.config import HaConfigError, load_plugins
+    from pymetaq.server.errors import ConfigError
+
+    try:
+        return load_plugins(options)
+    except HaConfigError as e:
+        raise ConfigError(str(e)) from e
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.port is not None:
         config = config.with_system(server_port=args.port)
+    plugins = _plugins(args.plugins)
     _raise_fd_limit()
-    code: int = Broker(config).run()
+    broker = Broker(
+        config, slave_config=plugins.metaslave, samsa=plugins.samsa, gregor=plugins.gregor
+    )
+    code: int = broker.run()
     return code

@@ -81,6 +81,7 @@ from pymetaq.client.protocol import (
     VersionCommand,
 )
 from pymetaq.client.protocol.names import topic_name_error
+from pymetaq.ha.sync import sync_record
 from pymetaq.server.config import TopicConfig
 from pymetaq.server.connection import Connection
 from pymetaq.server.errors import describe_os_error
@@ -96,6 +97,7 @@ from pymetaq.server.monitor.ops import Admin, is_loopback
 from pymetaq.server.monitor.state import LAG_HELP, Monitor
 from pymetaq.server.partitions import Partitions, TooManyPartitions
 from pymetaq.server.puts import Appender
+from pymetaq.server.replication import REPLICATION_HELP, put_refusal, replication_lines
 from pymetaq.server.stats import VERSION, PartitionInfo, Stats
 from pymetaq.storage import (
     PartitionLog,
@@ -140,6 +142,7 @@ class Dispatcher:
             max_batch_body=system.max_batch_size,
         )
         self.stats = Stats()
+        self.stats.slave = broker.slave_config is not None
         self.monitor = Monitor(system)
         self.admin = Admin(broker, self.monitor.closed)
         self.stats.add_item("lag", LAG_HELP, lambda: self.monitor.lag_lines(broker.store.logs()))
@@ -151,10 +154,13 @@ class Dispatcher:
         self.throttled = Throttled(log)
         self.longpoll = LongPoll(self)
         self.partitions = Partitions(broker, self._store_created)
+        #: a gregor slave's resolved sync targets (topic, partition) -> (log, topic config)
+        self._sync_targets: dict[tuple[str, int], tuple[PartitionLog, TopicConfig]] = {}
         self.tx = broker.transactions.attach(loop, self.stats, system.max_put_size)
         self.stats.add_item(
             "transactions", "Returns the open transactions (pymetaq).", self.tx.stats_lines
         )
+        self.stats.add_item("replication", REPLICATION_HELP, lambda: replication_lines(broker))
         self._table: dict[type, Handler] = dict(
             (
                 _route(PutCommand, self.on_put),
@@ -261,6 +267,7 @@ class Dispatcher:
     def invalidate_logs(self) -> None:
         """Forget cached log lookups (after a config reload)."""
         self.partitions.invalidate()
+        self._sync_targets.clear()
 
     def read_failure(self, plog: PartitionLog, exc: BaseException) -> bytes:
         """Log a failed read (throttled) and give the 500 reply's text."""
@@ -272,7 +279,7 @@ class Dispatcher:
 
     # -- put ------------------------------------------------------------------------------------
     def _put_target(
-        self, conn: Connection, topic: str, partition: int, opaque: int
+        self, conn: Connection, topic: str, partition: int, opaque: int, *, sync: bool = False
     ) -> tuple[PartitionLog, TopicConfig] | None:
         """Resolve (topic, partition) for a put, answering the error itself; None on error."""
         bad = topic_name_error(topic)
@@ -284,6 +291,10 @@ class Dispatcher:
             self._put_failed(
                 conn, opaque, f"The topic `{topic}` is not in topics list of the broker"
             )
+            return None
+        refused = None if sync else put_refusal(self.broker)
+        if refused is not None:  # a replica: only the master writes its offsets
+            self._put_failed(conn, opaque, refused, code=403)
             return None
         if not tc.accept_publish:
             self.stats.counters["put_failed"] += 1
@@ -504,7 +515,26 @@ class Dispatcher:
         conn.result(200, VERSION.encode(), cmd.opaque)
 
     def on_sync(self, conn: Connection, cmd: SyncCommand) -> None:
-        conn.result(500, SYNC_DISABLED, cmd.opaque)
+        """A gregor slave stores its samsa master's message (its id and flag) and answers once
+        it is durable; any other broker refuses."""
+        if not self.broker.gregor:
+            conn.result(500, SYNC_DISABLED, cmd.opaque)
+            return
+        self.stats.counters["cmd_put"] += 1
+        try:
+            record = sync_record(cmd)
+        except ValueError as e:
+            self._put_failed(conn, cmd.opaque, f"Put message failed: {e}")
+            return
+        key = (cmd.topic, cmd.partition)
+        target = self._sync_targets.get(key)
+        if target is None or target[0].closed or self.monitor.closed.active:
+            target = self._put_target(conn, cmd.topic, cmd.partition, cmd.opaque, sync=True)
+            if target is None:
+                return
+            self._sync_targets[key] = target  # a checked, existing partition: bounded
+        plog, tc = target
+        self.appender.synced(conn, plog, tc.stat, record, cmd.msg_id, cmd.opaque)
 
     def on_admin(self, conn: Connection, cmd: AdminCommand) -> None:
         """pymetaq's ``admin`` (server/monitor/ops.py): loopback peers only until clients are

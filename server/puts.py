@@ -30,7 +30,7 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pymetaq.server.connection import result_frame
 from pymetaq.server.errors import describe_os_error
@@ -60,6 +60,15 @@ class PutWaiter(NamedTuple):
     size: int  # the record's bytes (header + data): the next put's offset is this far on
 
 
+class SyncWaiter(NamedTuple):
+    """One ``sync`` (a gregor slave): its reply carries the master's id and the offset."""
+
+    conn: Connection
+    opaque: int
+    size: int
+    msg_id: int
+
+
 class BatchWaiter(NamedTuple):
     """A whole ``bput``: one reply carrying the first id and the count."""
 
@@ -67,7 +76,7 @@ class BatchWaiter(NamedTuple):
     opaque: int
 
 
-Waiters = list[PutWaiter] | BatchWaiter
+Waiters = list[PutWaiter] | list[SyncWaiter] | BatchWaiter
 
 
 class Completion(NamedTuple):
@@ -114,6 +123,11 @@ class Appender:
         #: logs appended with ``defer_flush`` this iteration (synced by ``_sync_appended``)
         self._to_sync: dict[int, PartitionLog] = {}
         self._inline_after = 0.0  # monotonic time before which no inline fsync is tried
+        #: a samsa master's link to its slave (pymetaq.ha.sync.SyncLink): a put is acked
+        #: only when the slave confirms it too
+        self.replicator: Any = None
+        #: a gregor slave's ``sync`` records waiting for this iteration's append, per log
+        self._synced: dict[int, tuple[PartitionLog, bool, bytearray, list[SyncWaiter]]] = {}
 
     # -- intake -------------------------------------------------------------------------------
     def put(
@@ -150,8 +164,32 @@ class Appender:
         conn.request_started()
         self._append(plog, stat, body, BatchWaiter(conn, opaque))
 
+    def synced(
+        self,
+        conn: Connection,
+        plog: PartitionLog,
+        stat: bool,
+        record: bytes,
+        msg_id: int,
+        opaque: int,
+    ) -> None:
+        """Queue one ``sync`` record (the master's id and flag kept): every sync of a log read
+        in one loop iteration is written with one append."""
+        conn.request_started()
+        entry = self._synced.get(id(plog))
+        if entry is None:
+            entry = self._synced[id(plog)] = (plog, stat, bytearray(), [])
+        entry[2].extend(record)
+        entry[3].append(SyncWaiter(conn, opaque, len(record), msg_id))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush_all)
+
     def flush_all(self) -> None:
         self._flush_scheduled = False
+        synced, self._synced = self._synced, {}
+        for plog, stat, records, waiters in synced.values():
+            self._append(plog, stat, records, waiters, stamp_ids=False)
         for key in list(self._pending):
             pending = self._pending.pop(key)
             self._append(
@@ -164,13 +202,27 @@ class Appender:
             self._append(plog, pending.stat, bytearray().join(pending.parts), pending.waiters)
 
     # -- storage ---------------------------------------------------------------------------------
-    def _append(self, plog: PartitionLog, stat: bool, records: bytearray, waiters: Waiters) -> None:
+    def _append(
+        self,
+        plog: PartitionLog,
+        stat: bool,
+        records: bytearray,
+        waiters: Waiters,
+        *,
+        stamp_ids: bool = True,
+    ) -> None:
         done = self._done
         wake = self._wake
+        link = self.replicator if stamp_ids else None
+        if link is not None and (refused := link.check()) is not None:
+            self._fail(waiters, 500, refused)  # MetaQ: nothing written while the slave is away
+            return
 
         def on_durable(result: AppendResult, exc: BaseException | None) -> None:
             done.append(Completion(plog, stat, waiters, result, exc))
             wake()
+
+        both = _Both(on_durable) if link is not None else None
 
         # a large append (a bulk load) goes to the flusher at once, so its fsync overlaps
         # the loop's next reads; a small one may be fsynced inline by _sync_appended
@@ -178,10 +230,13 @@ class Appender:
         try:
             plog.append(
                 records,
-                on_durable=on_durable,
-                max_record_size=self.max_record_size,
+                stamp_ids=stamp_ids,
+                on_durable=both.local if both is not None else on_durable,
+                max_record_size=self.max_record_size if stamp_ids else None,
                 defer_flush=inline,
             )
+            if both is not None and link is not None:  # stamped: send these very records
+                link.replicate(plog.topic, plog.partition, records).add_done_callback(both.remote)
             if inline:
                 if not self._to_sync:
                     self.loop.call_soon(self._sync_appended)
@@ -279,9 +334,48 @@ class Appender:
             conn.request_done()
             conn.reply(result_frame(200, body, opaque))
             return
-        msg_id, offset = result.first_msg_id, result.offset
-        for conn, opaque, size in waiters:
+        offset = result.offset
+        if waiters and isinstance(waiters[0], SyncWaiter):
+            for conn, opaque, size, msg_id in waiters:
+                conn.request_done()
+                conn.reply(result_frame(200, b"%d %d %d" % (msg_id, partition, offset), opaque))
+                offset += size
+            return
+        msg_id = result.first_msg_id
+        for conn, opaque, size in waiters:  # type: ignore[misc]
             conn.request_done()
             conn.reply(result_frame(200, b"%d %d %d" % (msg_id, partition, offset), opaque))
             msg_id += 1
             offset += size
+
+
+class _Both:
+    """A samsa put's two confirmations - the local append durable, the slave's replies - and
+    the first failure; the completion runs once both are in (either thread)."""
+
+    __slots__ = ("exc", "finish", "left", "lock", "result")
+
+    def __init__(self, finish: Any) -> None:
+        self.finish = finish
+        self.left = 2
+        self.result: AppendResult | None = None
+        self.exc: BaseException | None = None
+        self.lock = threading.Lock()
+
+    def local(self, result: AppendResult, exc: BaseException | None) -> None:
+        self.result = result
+        self._one(exc)
+
+    def remote(self, fut: asyncio.Future[None]) -> None:
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError("sync cancelled")
+        self._one(exc)
+
+    def _one(self, exc: BaseException | None) -> None:
+        with self.lock:
+            if exc is not None and self.exc is None:
+                self.exc = exc
+            self.left -= 1
+            if self.left:
+                return
+        assert self.result is not None
+        self.finish(self.result, self.exc)

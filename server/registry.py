@@ -14,6 +14,11 @@ What a master broker ``<id>`` at ``meta://host:port`` keeps registered, under ``
 |                                             |            | "<id>-m"}`` if acceptPublish   |
 | ``brokers/topics-sub/<t>/<id>-m``           | ephemeral  | same, if acceptSubscribe       |
 
+An asynchronous slave (``-Fmetaslave``, ``slave_id=n``) registers ``brokers/ids/<id>/slave<n>``
+instead of ``master``, its topics as ``<id>-s<n>``, and neither the parent's data nor the
+checksum node (MetaQ's slave).  :meth:`BrokerRegistry.suspend` / :meth:`resume` take a samsa
+master out of ZooKeeper while its slave keeps failing, and back.
+
 Topics: every configured (non-pattern) topic, every topic with a store on disk at startup, and
 each topic matching a pattern section when its store is created (first put:
 :meth:`BrokerRegistry.add_topic`, called by the dispatcher).  :meth:`BrokerRegistry.reload`
@@ -92,14 +97,23 @@ class TopicEntry:
 
 
 def broker_nodes(
-    paths: ZkPaths, broker_id: int, url: str, checksum: int, topics: Iterable[TopicEntry]
+    paths: ZkPaths,
+    broker_id: int,
+    url: str,
+    checksum: int,
+    topics: Iterable[TopicEntry],
+    slave_id: int | None = None,
 ) -> dict[str, bytes]:
-    """The ephemeral nodes (path -> value) a master broker keeps registered (pure)."""
-    me = broker_node_name(broker_id)
-    nodes = {
-        paths.broker_master(broker_id): url.encode(),
-        paths.broker_checksum(broker_id): str(checksum).encode(),
-    }
+    """The ephemeral nodes (path -> value) a broker keeps registered (pure): a master's, or
+    with ``slave_id`` a slave's (``slave<n>``, topics as ``<id>-s<n>``, no checksum node)."""
+    me = broker_node_name(broker_id, slave_id)
+    if slave_id is None:
+        nodes = {
+            paths.broker_master(broker_id): url.encode(),
+            paths.broker_checksum(broker_id): str(checksum).encode(),
+        }
+    else:
+        nodes = {paths.broker_slave(broker_id, slave_id): url.encode()}
     for t in topics:
         nodes[paths.topic_legacy(t.topic, me)] = encode_partition_count(t.num_partitions)
         value = TopicBroker(t.num_partitions, me).encode()
@@ -135,11 +149,13 @@ class BrokerRegistry:
         *,
         stored_topics: Iterable[str] = (),
         client: Any = None,
+        slave_id: int | None = None,
     ) -> None:
         self._config = config
         cfg = config()
         zk = cfg.zookeeper
         self.broker_id = cfg.system.broker_id
+        self.slave_id = slave_id  # None: a master; n: the async slave ``slave<n>``
         self.url = meta_url(advertised_host(host), port)
         self.paths = ZkPaths(zk.root)
         self.hosts = zk.connect
@@ -153,6 +169,7 @@ class BrokerRegistry:
         self._held: set[str] = set()  # ephemeral paths we created in the current session
         self._session: int | None = None
         self._waiting_logged: set[str] = set()
+        self._suspended = False
         self._loop = RefreshLoop(
             f"pymetaq-registry-{self.broker_id}",
             self._reconcile,
@@ -234,6 +251,28 @@ class BrokerRegistry:
         """The configuration changed: register what it says now."""
         self._loop.wake()
 
+    def suspend(self) -> None:
+        """Leave ZooKeeper (delete our ephemeral nodes) until :meth:`resume`: a samsa master
+        whose slave keeps failing (MetaQ's behaviour); the session stays open."""
+        from kazoo.exceptions import KazooException
+
+        with self._lock:
+            self._suspended = True
+        sid = session_id(self.client)
+        try:
+            for path in sorted(self._held, reverse=True):
+                self._delete_if_ours(path, sid)
+        except KazooException as e:
+            log.warning("ZooKeeper unregistration incomplete (%r)", e)
+        log.warning("broker %d left ZooKeeper until its slave answers again", self.broker_id)
+
+    def resume(self) -> None:
+        """Register again after :meth:`suspend`."""
+        with self._lock:
+            self._suspended = False
+        self._loop.wake()
+        log.info("broker %d registers in ZooKeeper again", self.broker_id)
+
     def registered(self) -> set[str]:
         """The ephemeral paths this broker holds now (tests, observability)."""
         with self._lock:
@@ -249,7 +288,8 @@ class BrokerRegistry:
         try:
             for path in sorted(self._held, reverse=True):
                 self._delete_if_ours(path, sid)
-            self.client.set(self.paths.broker(self.broker_id), b"")
+            if self.slave_id is None:
+                self.client.set(self.paths.broker(self.broker_id), b"")
         except NoNodeError:
             pass
         except KazooException as e:
@@ -270,19 +310,29 @@ class BrokerRegistry:
                 entries.append(
                     TopicEntry(name, tc.num_partitions, tc.accept_publish, tc.accept_subscribe)
                 )
-        return broker_nodes(self.paths, self.broker_id, self.url, cfg.checksum, entries)
+        return broker_nodes(
+            self.paths, self.broker_id, self.url, cfg.checksum, entries, self.slave_id
+        )
+
+    @property
+    def role_path(self) -> str:
+        """``brokers/ids/<id>/master``, or ``.../slave<n>`` for a slave."""
+        if self.slave_id is None:
+            return self.paths.broker_master(self.broker_id)
+        return self.paths.broker_slave(self.broker_id, self.slave_id)
 
     def _reconcile(self) -> float | None:
-        if not self.client.connected:
+        if self._suspended or not self.client.connected:
             return None  # the CONNECTED listener wakes us
         sid = session_id(self.client)
         if sid != self._session:
             with self._lock:
                 self._session, self._held = sid, set()
-        master = self.paths.broker_master(self.broker_id)
+        master = self.role_path
         if not self._ensure(master, self.url.encode(), sid):
             return self._loop.retry_delay_s  # held by a previous session: touch nothing else
-        self._set_parent()
+        if self.slave_id is None:  # the parent's data is the master's (MetaQ's old clients)
+            self._set_parent()
         desired = self._desired()
         waiting = False
         for path, value in desired.items():
@@ -305,6 +355,8 @@ class BrokerRegistry:
         from kazoo.exceptions import NodeExistsError, NoNodeError
 
         for _ in range(3):
+            if self._suspended:  # suspend() ran meanwhile: create nothing more
+                return False
             try:
                 self.client.create(path, value, ephemeral=True, makepath=True)
                 break
@@ -327,10 +379,11 @@ class BrokerRegistry:
         return True
 
     def _foreign(self, path: str, data: bytes, owner: int) -> None:
-        if path == self.paths.broker_master(self.broker_id) and data != self.url.encode():
+        if path == self.role_path and data != self.url.encode():
             holder = data.decode("utf-8", "replace")
+            role = "master" if self.slave_id is None else f"slave{self.slave_id}"
             raise RegistryConflict(
-                f"another broker is registered with brokerId={self.broker_id} as master at "
+                f"another broker is registered with brokerId={self.broker_id} as {role} at "
                 f"{holder} ({path}, ZooKeeper session 0x{owner:x}); "
                 "give each broker its own brokerId, or stop the other one",
                 holder,
@@ -362,8 +415,13 @@ def open_registry(broker: Any) -> BrokerRegistry | None:
     kazoo is never imported)."""
     if not broker.config.zookeeper.enabled:
         return None
+    slave = getattr(broker, "slave_config", None)
     registry = BrokerRegistry(
-        lambda: broker.config, broker.host, broker.port, stored_topics=broker.store.topics()
+        lambda: broker.config,
+        broker.host,
+        broker.port,
+        stored_topics=broker.store.topics(),
+        slave_id=None if slave is None else slave.slave_id,
     )
     registry.start()
     return registry

@@ -18,7 +18,8 @@ Every body has MetaQ's shape: ``STATS\\r\\n`` + ``key value\\r\\n`` lines + ``EN
 |               | general item)                                                              |
 | ``reset``     | ``reset ok``: the realtime stats back to zero (MetaQ: counters are kept)   |
 | extra items   | registered by other parts of the broker (:meth:`Stats.add_item`): ``lag``, |
-|               | ``transactions`` (one line per open transaction)                          |
+|               | ``transactions`` (one line per open transaction), ``replication``         |
+|               | (:mod:`pymetaq.server.replication`)                                       |
 
 A realtime stat is MetaQ's ``Count=c,Value=v,Value/Count=r,Count/Duration=r,Duration=s``:
 numbers as Java's ``DecimalFormat("#.##")`` prints them (``5``, ``1.25``), ``invalid`` for a
@@ -135,6 +136,7 @@ class Stats:
         self.started = clock()
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.curr_connections = 0
+        self.slave = False  # an asynchronous slave (``slave`` in the general stats)
         self._realtime: dict[tuple[str, str], Realtime] = {}
         self._realtime_since = clock()
         self._extra: dict[str, tuple[str, Callable[[], list[str]]]] = {}
@@ -233,7 +235,7 @@ class Stats:
             ("port", port),
             ("uptime", int(self._clock() - self.started)),
             ("version", VERSION),
-            ("slave", "false"),
+            ("slave", "true" if self.slave else "false"),
             ("curr_connections", self.curr_connections),
             ("threads", threading.active_count()),
             *((name, c[name]) for name in COUNTERS[:-1]),

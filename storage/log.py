@@ -174,6 +174,7 @@ class PartitionLog:
         on_durable: DurableCallback | None = None,
         max_record_size: int | None = None,
         defer_flush: bool = False,
+        new_segment: bool = False,
     ) -> AppendResult:
         """Validate, stamp and write one batch of complete records (see the module doc).
 
@@ -183,6 +184,8 @@ class PartitionLog:
         on an fsync.  ``defer_flush=True``: if the append needs an fsync, the flusher is *not*
         asked for it; the caller promises to call :meth:`sync_inline` or
         :meth:`request_flush` soon (the broker batches one loop iteration's appends so).
+        ``new_segment=True``: the batch starts a new segment (unless the active one is still
+        empty) - a replica rolls exactly where its master did, so their files are identical.
         """
         n = len(records)
         with self._lock:
@@ -196,7 +199,7 @@ class PartitionLog:
                 first_id = last_id - count + 1
                 self._ids.observe(last_id)
             seg = self._view[0][-1]
-            if seg.written + n > seg.capacity:
+            if seg.written + n > seg.capacity or (new_segment and seg.written):
                 seg = self._roll(n)
             offset = seg.start + seg.written
             try:

@@ -153,7 +153,14 @@ class MessageStoreManager:
         return guard
 
     def _open_dir(
-        self, topic: str, partition: int, root: str, *, create: bool, found: bool = False
+        self,
+        topic: str,
+        partition: int,
+        root: str,
+        *,
+        create: bool,
+        found: bool = False,
+        start_offset: int = 0,
     ) -> RecoveryReport | None:
         """Open one partition (lock held); None if it does not exist and ``create`` is False.
         A damaged partition is fenced and its report returned; so is a directory ``found`` at
@@ -178,6 +185,7 @@ class MessageStoreManager:
                 partition,
                 max_segment_size=self.config.max_segment_size,
                 marker=self._marker.entry(directory),
+                initial_offset=start_offset,
                 create=create,
             )
         except CorruptLogError as e:
@@ -265,8 +273,13 @@ class MessageStoreManager:
         self.recovery_reports.append(report)
         return report
 
-    def get_log(self, topic: str, partition: int, *, create: bool = True) -> PartitionLog | None:
+    def get_log(
+        self, topic: str, partition: int, *, create: bool = True, start_offset: int = 0
+    ) -> PartitionLog | None:
         """The log of ``topic``/``partition``, opening it (or, with ``create``, creating it).
+
+        ``start_offset``: where a log created now starts (a replica on an empty disk starts
+        at its master's first offset); an existing log is opened as it is.
 
         Raises :class:`UnknownTopic`, :class:`PartitionOutOfRange`, :class:`InvalidTopic` (the
         name cannot be a directory of this store) or :class:`PartitionFenced`."""
@@ -290,7 +303,7 @@ class MessageStoreManager:
             if key not in self.fenced:
                 root = cfg.data_path or self.config.data_path
                 self._lock_root(root)
-                self._open_dir(topic, partition, root, create=create)
+                self._open_dir(topic, partition, root, create=create, start_offset=start_offset)
             if key in self.fenced:
                 raise PartitionFenced(self.fenced[key])
             return self._logs.get(key)

@@ -166,13 +166,17 @@ def open_segments(
 
     ``marker``: the clean-shutdown marker's record of this partition (None: scan the tail).
     ``create=False``: return None instead of creating a first segment in an empty directory.
+    ``initial_offset``: where a first segment starts (a replica starting at its master's
+    first offset); the high-water mark still wins when it is further.
     """
     try:
         listing = list_partition(directory)
         if not listing.metas and not listing.news:
             if not create:
                 return None
-            return _create_first(disk, directory, topic, partition, max_segment_size, listing)
+            return _create_first(
+                disk, directory, topic, partition, max_segment_size, listing, initial_offset
+            )
         return _open_existing(disk, directory, topic, partition, max_segment_size, marker, listing)
     except OSError as e:
         err = transient_error(e, directory)
@@ -182,11 +186,18 @@ def open_segments(
 
 
 def _create_first(
-    disk: Disk, directory: str, topic: str, partition: int, capacity: int, listing: _Listing
+    disk: Disk,
+    directory: str,
+    topic: str,
+    partition: int,
+    capacity: int,
+    listing: _Listing,
+    initial_offset: int = 0,
 ) -> tuple[list[Segment], RecoveryReport]:
-    start = listing.high_water or 0
+    used = listing.high_water or 0
+    start = max(used, initial_offset)
     notes = list(listing.notes)
-    if start:
+    if used:
         notes.append(f"no segment files; offsets up to {start} were used: continuing there")
     path = segment_path(directory, start)
     file = disk.create(path, capacity)

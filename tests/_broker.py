@@ -81,8 +81,11 @@ class BrokerProcess:
         cwd: Path,
         env: Mapping[str, str] | None = None,
         nofile: tuple[int, int] | None = None,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.config_path = config_path
+        #: more ``pymetaq server`` arguments (``-Fmetaslave=...``)
+        self.extra_args = list(extra_args or [])
         self.cwd = cwd
         self.env = dict(env or {})
         #: (soft, hard) RLIMIT_NOFILE the broker process starts with (fd-exhaustion tests)
@@ -106,8 +109,10 @@ class BrokerProcess:
         name: str = "broker",
         nofile: tuple[int, int] | None = None,
         zookeeper: Mapping[str, Any] | None = None,
+        extra_args: list[str] | None = None,
     ) -> BrokerProcess:
-        """Write a config under ``tmp_path/name`` and start a broker on it."""
+        """Write a config under ``tmp_path/name`` and start a broker on it (``extra_args``:
+        more ``pymetaq server`` arguments, e.g. ``-Fmetaslave=<file>``)."""
         base = tmp_path / name
         base.mkdir(parents=True, exist_ok=True)
         config = base / "server.ini"
@@ -117,7 +122,7 @@ class BrokerProcess:
             write_server_ini(
                 config, data_path=base / "data", system=system, topics=topics, zookeeper=zookeeper
             )
-        broker = cls(config, base, nofile=nofile)
+        broker = cls(config, base, nofile=nofile, extra_args=extra_args)
         broker.launch()
         return broker
 
@@ -150,7 +155,7 @@ class BrokerProcess:
                 self.proc.stdout.close()
         with self._lock:
             self._lines = []
-        args = ["server", "-f", str(self.config_path)]
+        args = ["server", "-f", str(self.config_path), *self.extra_args]
         argv = [sys.executable, "-m", "pymetaq.server.cli", *args]
         if self.nofile is not None:  # lower the limit in the child, then run the broker
             argv = [sys.executable, "-c", _LIMITED % self.nofile, *args]

@@ -6,7 +6,9 @@ A :class:`BrokerDiscovery` follows a set of topics on one side of the registry:
   count, as in MetaQ's producer; a partition's address is ``brokers/ids/<id>/master``.
 - ``side="sub"`` (consumers): ``brokers/topics-sub/<topic>``; master and slave entries
   (``<id>-s<n>``) are merged: a broker's partitions are the union of its entries' counts and
-  its address is the master's, else its lowest slave's (MetaQ prefers the master).
+  its address is the master's, else its lowest slave's (MetaQ prefers the master); with
+  ``prefer_slaves=True`` (a consumer's ``read_from_slaves``) the lowest slave's, else the
+  master's (a slave holds the master's bytes at the master's offsets: positions carry over).
 
 For each topic it keeps a :class:`TopicView`: the partitions sorted by (brokerId, partition)
 and the address of every broker in it.  Entries whose value is malformed, or whose broker has
@@ -72,6 +74,7 @@ def read_topic(
     watch: Any = None,
     *,
     require_address: bool = True,
+    prefer_slaves: bool = False,
 ) -> TopicView:
     """Read one topic's view now (``watch`` is armed on every node read, if given).
 
@@ -101,7 +104,7 @@ def read_topic(
         roles.setdefault(node.broker_id, []).append(node)
     brokers: dict[int, str] = {}
     for bid, nodes in roles.items():
-        url = _broker_url(client, paths, nodes, watch)
+        url = _broker_url(client, paths, nodes, watch, prefer_slaves)
         if url is not None:
             brokers[bid] = url
     ids = sorted(brokers if require_address else counts)
@@ -126,9 +129,19 @@ def read_masters(client: Any, paths: ZkPaths) -> dict[int, str]:
     return out
 
 
-def _broker_url(client: Any, paths: ZkPaths, nodes: list[BrokerNode], watch: Any) -> str | None:
-    """Master first, then slaves by id: the first role with a valid ``meta://`` address."""
-    for node in sorted(nodes, key=lambda n: -1 if n.slave_id is None else n.slave_id):
+def _broker_url(
+    client: Any, paths: ZkPaths, nodes: list[BrokerNode], watch: Any, prefer_slaves: bool = False
+) -> str | None:
+    """Master first, then slaves by id (``prefer_slaves``: slaves by id, then the master): the
+    first role with a valid ``meta://`` address."""
+    last = 1 << 62  # the master's rank when slaves come first
+
+    def rank(n: BrokerNode) -> int:
+        if n.slave_id is None:
+            return last if prefer_slaves else -1
+        return n.slave_id
+
+    for node in sorted(nodes, key=rank):
         raw = _data(client, paths.broker_role(node), watch)
         if raw is None:
             continue
@@ -180,12 +193,14 @@ class BrokerDiscovery:
         topics: Iterable[str] = (),
         on_change: Callable[[TopicView], None] | None = None,
         retry_delay_s: float = 1.0,
+        prefer_slaves: bool = False,
     ) -> None:
         if side not in ("pub", "sub"):
             raise ValueError(f"side must be 'pub' or 'sub', got {side!r}")
         self.client = client
         self.paths = ZkPaths(root)
         self.side: Side = side
+        self.prefer_slaves = prefer_slaves
         self.on_change = on_change
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -249,7 +264,14 @@ class BrokerDiscovery:
         with self._lock:
             topics = sorted(self._topics)
         for topic in topics:
-            view = read_topic(self.client, self.paths, topic, self.side, self._loop.wake)
+            view = read_topic(
+                self.client,
+                self.paths,
+                topic,
+                self.side,
+                self._loop.wake,
+                prefer_slaves=self.prefer_slaves,
+            )
             with self._changed:
                 old = self._views.get(topic)
                 self._views[topic] = view

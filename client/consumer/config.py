@@ -105,6 +105,11 @@ class ConsumerConfig:
     #: the ZooKeeper session timeout asked for (MetaQ's zkSessionTimeoutMs): a crashed member's
     #: partitions move after this long.
     zk_session_timeout_ms: int = 30000
+    #: ``zk://`` only: fetch from a broker's asynchronous slave (``<id>-s<n>`` in
+    #: ``topics-sub``, the lowest ``n``) when one is registered, else from its master.  Default
+    #: False: MetaQ's rule, the master while it is registered, a slave only when it is not.  A
+    #: slave may be behind its master (``stats replication``); offsets are the same on both.
+    read_from_slaves: bool = False
     #: MetaQ's zkSyncTimeMs: how often a member retries claiming a partition whose previous
     #: owner has not released it yet, and the delay after a failed rebalance round.
     zk_sync_time_ms: int = 5000

@@ -89,6 +89,7 @@ class BrokerTransport:
             connect_timeout_s=config.connect_timeout_ms / 1000,
             request_timeout_s=self.request_timeout_s,
             zk_session_timeout_s=config.zk_session_timeout_ms / 1000,
+            prefer_slaves=config.read_from_slaves,
         )
 
     async def start(self) -> None:

@@ -73,8 +73,10 @@ def open_broker_set(
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     metadata_max_age_s: float = 30.0,
     zk_session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
+    prefer_slaves: bool = False,
 ) -> BrokerSet:
-    """A :class:`ZkBrokerSet` for a ``zk://`` URL, else a static :class:`BrokerSet`."""
+    """A :class:`ZkBrokerSet` for a ``zk://`` URL, else a static :class:`BrokerSet`
+    (``prefer_slaves``: a ``zk://`` consumer reads from a broker's slave when one is registered)."""
     zk = zk_servers(servers)
     if zk is not None:
         return ZkBrokerSet(
@@ -84,6 +86,7 @@ def open_broker_set(
             request_timeout_s=request_timeout_s,
             metadata_max_age_s=metadata_max_age_s,
             session_timeout_s=zk_session_timeout_s,
+            prefer_slaves=prefer_slaves,
         )
     return BrokerSet(
         servers,
@@ -110,6 +113,7 @@ class ZkBrokerSet(BrokerSet):
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         metadata_max_age_s: float = 30.0,
         session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
+        prefer_slaves: bool = False,
     ) -> None:
         super().__init__(
             None,
@@ -119,6 +123,7 @@ class ZkBrokerSet(BrokerSet):
         )
         self.url = url
         self.side: Side = side
+        self.prefer_slaves = prefer_slaves
         self._owns_client = client is None
         #: the kazoo client (not started until :meth:`start`); consumers share it
         self.zk = (
@@ -150,7 +155,11 @@ class ZkBrokerSet(BrokerSet):
         self._changed = asyncio.Event()
         await asyncio.to_thread(self._connect_zk)
         self._discovery = BrokerDiscovery(
-            self.zk, root=self.url.root, side=self.side, on_change=self._on_change_threadsafe
+            self.zk,
+            root=self.url.root,
+            side=self.side,
+            on_change=self._on_change_threadsafe,
+            prefer_slaves=self.prefer_slaves,
         )
 
     def _connect_zk(self) -> None:

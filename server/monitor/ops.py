@@ -13,7 +13,8 @@ reload button runs the same :meth:`Admin.run`.  Replies are ``result <code>`` wi
 | ``closed``                       | ``<topic> <p>,<p>...`` per topic, or   |                   |
 |                                  | ``no closed partitions``               |                   |
 | ``reload``                       | ``config reloaded: ...``               | 500 the reason    |
-| ``slaves``                       | ``no slaves ...`` (until HA lands)     |                   |
+| ``slaves``                       | a slave: its lag per partition; a      |                   |
+|                                  | master: its slaves' (``no slaves ...``)|                   |
 | ``help``                         | the actions                            |                   |
 
 Closing is MetaQ's ``closePartitions(topic, start, end)``: puts to a closed partition are
@@ -43,10 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pymetaq.server")
 
-NO_SLAVES = (
-    "no slaves: this broker is a master and no slave replicates from it "
-    "(replication is not implemented yet)"
-)
+NO_SLAVES = "no slaves: this broker is a master and no slave replicates from it"
 ACTIONS = {
     "close": "close <topic> <start> [<end>]: puts to these partitions get 403",
     "open": "open <topic> [<start> [<end>]]: accept puts again (no range: every partition)",
@@ -213,7 +211,9 @@ class Admin:
         return message
 
     def _slaves(self, args: tuple[str, ...]) -> str:
-        return NO_SLAVES
+        from pymetaq.server.replication import slaves_text
+
+        return slaves_text(self.broker, NO_SLAVES)
 
     def _help(self, args: tuple[str, ...]) -> str:
         return "\r\n".join(ACTIONS.values())

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pymetaq.server.monitor.ops import NO_SLAVES
 from pymetaq.server.monitor.rates import RateSampler, Totals
+from pymetaq.server.replication import slaves_text
 from pymetaq.server.stats import VERSION
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def overview(broker: Broker, dispatcher: Dispatcher, rates: RateSampler | None) 
             "connect": broker.config.zookeeper.connect if broker.config.zookeeper.enabled else "",
             "registered": sorted(registry.registered()) if registry is not None else [],
         },
-        "slaves": NO_SLAVES,
+        "slaves": slaves_text(broker, NO_SLAVES),
     }
 
 

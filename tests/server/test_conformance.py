@@ -386,6 +386,7 @@ def test_stats_items(broker: BrokerProcess, wire: Wire) -> None:
         "<topic>",
         "lag",
         "transactions",
+        "replication",
     ]
 
 

@@ -1,0 +1,316 @@
+"""MetaQ's synchronous pair: the samsa master's link to its gregor slave, and the sync record.
+
+Wire (MetaQ 1.4, master to slave): one ``sync <topic> <partition> <len> <flag> <msgId>
+<checksum> <opaque>\\r\\n<data>`` per message, the master's id and flag; the slave appends the
+record ``>iiqi`` (len, CRC32(data) & 0x7FFFFFFF, msgId, flag) + data and answers
+``result 200 "<msgId> <partition> <offset>"`` once it is durable under its own flush policy.
+
+:class:`SyncLink` (samsa side) sends a stored batch as its ``sync`` commands in one write (its
+own small protocol on the codec: one timer and one future per batch, not per message) and
+completes the batch's future when every reply is 200: one round trip per batch, pipelined
+with the next batches (the producer's ack waits for it, not the master's event loop).
+While the link is down, :meth:`SyncLink.check` says so and the put is answered
+``500 Slave is disconnected`` before anything is written (MetaQ's behaviour).  A failed batch
+counts towards ``slaveContinuousFailureThreshold`` (any success resets it); reaching it calls
+``on_unhealthy`` (the broker unregisters from ZooKeeper); the link reconnects every
+``checkSlaveIntervalInMills`` and the first success after that calls ``on_healthy``
+(re-register).
+
+Thread-safety: one event loop (the broker's); :meth:`replicate` and :meth:`check` on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from pymetaq.client.protocol import (
+    NEED_DATA,
+    Parser,
+    ProtocolError,
+    ResultReply,
+    Role,
+    SyncCommand,
+    VersionCommand,
+    encode,
+)
+from pymetaq.ha.config import SamsaConfig
+from pymetaq.storage.checksum import checksum
+from pymetaq.storage.record import HEADER, HEADER_SIZE
+
+log = logging.getLogger("pymetaq.ha")
+
+SLAVE_DISCONNECTED = "Slave is disconnected "
+_HEAD = struct.Struct(">iiqi")
+#: opaques are signed 32-bit and MetaQ reserves 2**31 - 1: wrap before it
+OPAQUE_LIMIT = (1 << 31) - 2
+
+
+class SyncFailed(Exception):
+    """The slave did not confirm a batch (the message says why)."""
+
+
+def sync_commands(topic: str, partition: int, records: bytes | bytearray) -> list[SyncCommand]:
+    """One ``sync`` per record of a stored (stamped) batch."""
+    out: list[SyncCommand] = []
+    view = memoryview(records)
+    pos, n = 0, len(records)
+    while pos + HEADER_SIZE <= n:
+        length, crc, msg_id, flag = _HEAD.unpack_from(records, pos)
+        end = pos + HEADER_SIZE + length
+        out.append(
+            SyncCommand(topic, partition, bytes(view[pos + HEADER_SIZE : end]), flag, msg_id, crc)
+        )
+        pos = end
+    return out
+
+
+def encode_syncs(
+    topic: str, partition: int, records: bytes | bytearray, first_op: int
+) -> tuple[bytearray, int]:
+    """The ``sync`` commands of a stored batch, encoded (opaques from ``first_op``), and their
+    count: the bytes ``encode`` writes for :func:`sync_commands`, without the objects."""
+    out = bytearray()
+    head = b"sync %s %d " % (topic.encode(), partition)
+    pos, n, op = 0, len(records), first_op
+    while pos + HEADER_SIZE <= n:
+        length, crc, msg_id, flag = _HEAD.unpack_from(records, pos)
+        start = pos + HEADER_SIZE
+        out += head
+        out += b"%d %d %d %d %d\r\n" % (length, flag, msg_id, crc, op)
+        out += records[start : start + length]
+        pos = start + length
+        op += 1
+    return out, op - first_op
+
+
+def sync_record(cmd: SyncCommand) -> bytes:
+    """The record a gregor slave stores for ``cmd``; ValueError if its checksum is wrong."""
+    crc = checksum(cmd.data)
+    if cmd.checksum is not None and cmd.checksum != crc:
+        raise ValueError(f"checksum mismatch: the master sent {cmd.checksum}, data has {crc}")
+    if cmd.msg_id == 0:
+        raise ValueError("msgId 0 is not a message id")
+    return HEADER.pack(len(cmd.data), crc, cmd.msg_id, cmd.flag) + cmd.data
+
+
+class _Batch:
+    """The replies one stored batch is waiting for."""
+
+    __slots__ = ("future", "left", "ops", "timer", "where", "why")
+
+    def __init__(
+        self, future: asyncio.Future[None], ops: range, where: tuple[str, int] | None
+    ) -> None:
+        self.future = future
+        self.ops = ops
+        self.where = where
+        self.left = len(ops)
+        self.why: str | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, link: SyncLink) -> None:
+        self.link = link
+        self.parser = Parser(Role.CLIENT)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed(data)
+        while True:
+            try:
+                event = self.parser.next_event()
+            except ProtocolError as e:
+                self.link._lost(f"bad reply from the slave: {e.reason}")
+                return
+            if event is NEED_DATA:
+                return
+            self.link._on_reply(event)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.link._lost(f"connection to the slave lost{f': {exc}' if exc else ''}")
+
+
+class SyncLink:
+    """The samsa master's connection to its gregor slave (see the module doc)."""
+
+    def __init__(
+        self,
+        config: SamsaConfig,
+        *,
+        on_unhealthy: Callable[[], None] = lambda: None,
+        on_healthy: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.config = config
+        self.url = f"{config.slave_host}:{config.slave_port}"
+        self.on_unhealthy = on_unhealthy
+        self.on_healthy = on_healthy
+        self.failures = 0  # consecutive
+        self.unhealthy = False
+        self.batches = 0
+        self._transport: asyncio.Transport | None = None
+        self._waiting: dict[int, _Batch] = {}
+        self._opaque = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None and not self._transport.is_closing()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._keep_connected())
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._transport is not None:
+            self._transport.close()
+
+    async def _keep_connected(self) -> None:
+        interval = self.config.check_interval_ms / 1000
+        loop = asyncio.get_running_loop()
+        logged = False
+        while True:
+            if not self.connected:
+                try:
+                    async with asyncio.timeout(2.0):
+                        transport, _ = await loop.create_connection(
+                            lambda: _Protocol(self), self.config.slave_host, self.config.slave_port
+                        )
+                    assert isinstance(transport, asyncio.Transport)
+                    self._transport = transport
+                    log.info("samsa: connected to the slave %s", self.url)
+                    logged = False
+                except (OSError, TimeoutError) as e:
+                    if not logged:
+                        log.warning("samsa: the slave %s is unreachable: %s", self.url, e)
+                        logged = True
+            if self.unhealthy and self.connected:  # MetaQ's heal thread: probe until it answers
+                await self._probe()
+            await asyncio.sleep(interval)
+
+    async def _probe(self) -> None:
+        try:
+            await self._send(lambda op: (encode(VersionCommand(opaque=op)), 1), 1, None)
+        except SyncFailed:
+            return
+        if self.unhealthy:
+            self.failures = 0
+            self.unhealthy = False
+            log.info("samsa: the slave %s answers again", self.url)
+            self.on_healthy()
+
+    def check(self) -> str | None:
+        """None if a put may go ahead, else MetaQ's refusal text (a failure, counted)."""
+        if self.connected:
+            return None
+        self._failure()
+        return SLAVE_DISCONNECTED
+
+    def replicate(
+        self, topic: str, partition: int, records: bytes | bytearray
+    ) -> asyncio.Future[None]:
+        """Send the stored batch; the future completes when the slave holds all of it."""
+        self.batches += 1
+        fut = self._send(
+            lambda op: encode_syncs(topic, partition, records, op), len(records), (topic, partition)
+        )
+        fut.add_done_callback(self._count)
+        return fut
+
+    def _send(
+        self,
+        build: Callable[[int], tuple[bytes | bytearray, int]],
+        most: int,
+        where: tuple[str, int] | None,
+    ) -> asyncio.Future[None]:
+        """Write ``build(first_opaque)`` -> (bytes, commands); ``most`` bounds the count."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            done.set_exception(SyncFailed(SLAVE_DISCONNECTED.strip()))
+            return done
+        first = self._opaque + 1
+        if first + most >= OPAQUE_LIMIT:
+            first = 1
+        buf, count = build(first)
+        ops = range(first, first + count)
+        self._opaque = first + count - 1
+        batch = _Batch(done, ops, where)
+        waiting = self._waiting
+        for op in ops:
+            waiting[op] = batch
+        batch.timer = loop.call_later(self.config.send_timeout_ms / 1000, self._expire, batch)
+        transport.write(buf)
+        if not count:
+            self._finish(batch)
+        return done
+
+    def _on_reply(self, reply: Any) -> None:
+        batch = self._waiting.pop(getattr(reply, "opaque", -1), None)
+        if batch is None:
+            return  # late (its batch timed out) or not ours
+        if (not isinstance(reply, ResultReply) or reply.code != 200) and batch.why is None:
+            body = getattr(reply, "body", b"").decode("utf-8", "replace")
+            batch.why = f"{getattr(reply, 'code', '?')} {body}"
+        batch.left -= 1
+        if batch.left == 0:
+            self._finish(batch)
+
+    def _expire(self, batch: _Batch) -> None:
+        if batch.future.done():
+            return
+        for op in batch.ops:
+            self._waiting.pop(op, None)
+        batch.why = batch.why or f"no answer within {self.config.send_timeout_ms} ms"
+        self._finish(batch)
+
+    def _lost(self, why: str) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+        self._transport = None
+        batches = {id(b): b for b in self._waiting.values()}
+        self._waiting.clear()
+        for batch in batches.values():
+            batch.why = batch.why or why
+            self._finish(batch)
+
+    def _finish(self, batch: _Batch) -> None:
+        if batch.timer is not None:
+            batch.timer.cancel()
+        if batch.future.done():
+            return
+        if batch.why is None:
+            batch.future.set_result(None)
+        else:
+            part = ""
+            if batch.where is not None:
+                part = f" [partition '{batch.where[0]}-{batch.where[1]}']"
+            batch.future.set_exception(
+                SyncFailed(f"Put message to [slave '{self.url}']{part} failed: {batch.why}")
+            )
+
+    def _count(self, fut: asyncio.Future[None]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self.failures = 0
+            return
+        self._failure()
+
+    def _failure(self) -> None:
+        self.failures += 1
+        if self.failures >= self.config.failure_threshold and not self.unhealthy:
+            self.unhealthy = True
+            log.error(
+                "samsa: %d consecutive failures to the slave %s (slaveContinuousFailureThreshold)",
+                self.failures,
+                self.url,
+            )
+            self.on_unhealthy()
