@@ -33,9 +33,9 @@ from pymetaq.client.cli.common import (
     table,
 )
 from pymetaq.client.cli.stats import stats_lines
-from pymetaq.client.cli.wire import parse_server
 from pymetaq.client.protocol import NEED_DATA, GetCommand, Parser, ResultReply, Role, ValueReply
 from pymetaq.client.protocol import encode as encode_command
+from pymetaq.client.transport.servers import parse_servers
 
 GROUP = "pymetaq-verify"
 CHUNK = 1 << 20
@@ -151,6 +151,14 @@ def check(
         behind = m[1] - s[1]
         pc.status = "same" + (f", behind {behind}" if behind > 0 else "")
     return pc
+
+
+def parse_server(text: str) -> tuple[str, int]:
+    """One broker's ``host:port`` (``meta://`` allowed); ValueError otherwise."""
+    found = parse_servers(text)
+    if len(found) != 1:
+        raise ValueError(f"{text!r} names {len(found)} brokers, not one")
+    return found[0]
 
 
 def run(args: argparse.Namespace) -> int:
