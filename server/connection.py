@@ -32,12 +32,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import socket
 import struct
 from typing import TYPE_CHECKING, NamedTuple
 
 from pymetaq.client.protocol import NEED_DATA, Parser, ProtocolError, QuitCommand, Role
+from pymetaq.server.errors import describe_os_error
 from pymetaq.server.limits import FREE_BODY_BYTES
+from pymetaq.server.security.acl import ANONYMOUS, NO_RIGHTS, Identity
 from pymetaq.storage import FileRegion, PartitionLog, ReadStatus, StorageError
 
 if TYPE_CHECKING:
@@ -111,6 +114,9 @@ class Connection(asyncio.Protocol):
         self._frame_since = 0.0  # first byte of the frame being received
         self._stalled_since = 0.0  # replies stopped moving (unread buffer or sendfile)
         self._closing_since = 0.0
+        self.identity = Identity(ANONYMOUS, NO_RIGHTS)  # set by the dispatcher when accepted
+        self.tls = False  # TLS: get replies are read and written (sendfile cannot encrypt)
+        self._held = False  # reading held by the security guard (an ``auth`` being checked)
 
     # -- asyncio callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -123,6 +129,7 @@ class Connection(asyncio.Protocol):
             self.peer = f"{peer[0]}:{peer[1]}"
         else:
             self.peer = self.peer_ip = str(peer)
+        self.tls = transport.get_extra_info("sslcontext") is not None
         if not self.dispatcher.connection_opened(self):
             self.closed = True
             transport.abort()
@@ -281,6 +288,9 @@ class Connection(asyncio.Protocol):
         if self.closed:
             region.close()
             return
+        if self.tls:
+            self._write_region(region, opaque)
+            return
         if self._sender is not None:
             region.close()
             self._enqueue(DeferredGet(plog, offset, region.length, opaque))
@@ -288,6 +298,30 @@ class Connection(asyncio.Protocol):
         self._flush()
         self._queue.append(RegionReply(b"value %d %d\r\n" % (region.length, opaque), region))
         self._sender = self.loop.create_task(self._send_queue())
+
+    def _write_region(self, region: FileRegion, opaque: int) -> None:
+        """TLS: one ``pread`` of the whole slice, written after the header (no per-message
+        work; the transport's buffer limit pauses reading as for any reply)."""
+        try:
+            data = os.pread(region.fd, region.length, region.position) if region.length > 0 else b""
+        except OSError as exc:
+            self.reply(result_frame(500, describe_os_error(exc).encode(), opaque))
+            return
+        finally:
+            region.close()
+        self._flush()
+        assert self.transport is not None
+        self.transport.write(b"value %d %d\r\n" % (len(data), opaque))
+        self.transport.write(data)
+
+    def hold_reading(self, held: bool) -> None:
+        """Stop (True) or allow again (False) reading and parsing: the security guard holds a
+        connection while its ``auth`` is checked."""
+        self._held = held
+        if held:
+            self._pause()
+        else:
+            self._maybe_resume()
 
     def _enqueue(self, item: Queued) -> None:
         self._queue.append(item)
@@ -387,6 +421,7 @@ class Connection(asyncio.Protocol):
             or self._write_paused
             or len(self._queue) > MAX_QUEUED // 2
             or self._awaiting_budget
+            or self._held
             or self._close_after_flush
             or not self.dispatcher.accepting
         ):
