@@ -11,6 +11,8 @@
 | tlsKeyFile        |         | its private key (PEM)                                       |
 | tlsCaFile         |         | CAs that sign client certificates (PEM)                     |
 | tlsClientAuth     | none    | ``none`` / ``optional`` / ``required`` client certificates  |
+| httpTls           | false   | the HTTP port (``/metrics``, dashboard) speaks HTTPS with   |
+|                   |         | the same certificate, key and client-certificate settings   |
 | authFailureLimit  | 5       | failed ``auth`` attempts from one IP before it is locked out |
 | authLockoutMs     | 60000   | how long a locked-out IP's attempts are refused unchecked   |
 
@@ -47,6 +49,7 @@ SECURITY_KEYS: dict[str, tuple[str, str, Any]] = {
     "tlsKeyFile": ("key_file", "path", ""),
     "tlsCaFile": ("ca_file", "path", ""),
     "tlsClientAuth": ("client_auth", "str", "none"),
+    "httpTls": ("http_tls", "bool", False),
     "authFailureLimit": ("auth_failure_limit", "int", 5),
     "authLockoutMs": ("auth_lockout_ms", "int", 60000),
 }
@@ -71,6 +74,7 @@ class SecurityConfig:
     key_file: str = ""
     ca_file: str = ""
     client_auth: str = "none"
+    http_tls: bool = False
     auth_failure_limit: int = 5
     auth_lockout_ms: int = 60000
     users: tuple[UserConfig, ...] = ()
@@ -78,7 +82,8 @@ class SecurityConfig:
 
     @property
     def tls(self) -> bool:
-        return self.tls_on_server_port or self.tls_port >= 0
+        """A TLS context is needed (a TLS broker listener or HTTPS)."""
+        return self.tls_on_server_port or self.tls_port >= 0 or self.http_tls
 
     def user(self, name: str) -> UserConfig | None:
         for u in self.users:
@@ -148,7 +153,9 @@ def _check(cfg: SecurityConfig, line: int, path: str) -> None:
         if cfg.client_auth != "none" and not cfg.ca_file:
             raise ConfigError(f"{where} tlsClientAuth={cfg.client_auth} needs tlsCaFile")
     elif cfg.client_auth != "none":
-        raise ConfigError(f"{where} tlsClientAuth={cfg.client_auth} but no TLS listener (tlsPort)")
+        raise ConfigError(
+            f"{where} tlsClientAuth={cfg.client_auth} but no TLS listener (tlsPort, httpTls)"
+        )
 
 
 def _user(section: IniSection, path: str) -> UserConfig:

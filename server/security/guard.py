@@ -99,7 +99,7 @@ class Guard:
         self.loop = loop
         self.enabled = cfg.enable
         self.failures = _Failures(cfg.auth_failure_limit, cfg.auth_lockout_ms / 1000)
-        self._checks = asyncio.Semaphore(MAX_CHECKS)
+        self.checks = asyncio.Semaphore(MAX_CHECKS)  # scrypt checks running (also HTTP)
         self._anonymous = Identity(ANONYMOUS, cfg.anonymous)
 
     # -- identity --------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ class Guard:
         name = user_b.decode("utf-8", "replace")
         user = self.cfg.user(name)
         try:
-            async with self._checks:
+            async with self.checks:
                 if user is not None and user.password_hash:
                     stored = user.password_hash
                     ok = await self.loop.run_in_executor(None, passwords.verify, password, stored)

@@ -87,6 +87,7 @@ def make_pki(d: Path) -> Pki:
     _leaf(d, "alice", "ca")
     _leaf(d, "bob", "ca")
     _leaf(d, "carol", "ca")
+    _leaf(d, "ops", "ca")
     _leaf(d, "expired", "ca", days=-1)
     _leaf(d, "mallory", "other-ca")
     return Pki(d)
