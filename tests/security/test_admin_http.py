@@ -16,14 +16,9 @@ import pytest
 from pymetaq.server.security.passwords import hash_password
 from tests._broker import BrokerProcess
 from tests._helpers import free_port
-from tests.security._helpers import Pki, make_pki, security_ini
+from tests.security._helpers import Pki, security_ini
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from pymetaq.offsets import FileOffsetStore
 from pymetaq.server.security.passwords import hash_password
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
-from tests.security._helpers import Pki, make_pki, security_ini, tls_port
+from tests.security._helpers import Pki, security_ini, tls_port
 from tests.server._helpers import Wire, bput_frame, put_line
 
 pytestmark = pytest.mark.integration
@@ -48,11 +48,6 @@ def _users(log_n: int = 10) -> str:
         "[user=carol]\npublish=public\nsubscribe=public\n\n"  # certificate only
         "[anonymous]\nsubscribe=public\n\n"
     )
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,9 @@ import pytest
 from pymetaq.client import Consumer, Producer
 from pymetaq.client.errors import NoBrokerAvailable
 from tests._broker import BrokerProcess
-from tests.security._helpers import Pki, make_pki, security_ini, tls_port
+from tests.security._helpers import Pki, security_ini, tls_port
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def _tls(pki: Pki, client_auth: str = "optional") -> dict[str, str]:
