@@ -237,7 +237,9 @@ class Connection(asyncio.Protocol):
         """The client half-closed: run what it sent, answer what is in flight, then close."""
         self._eof = True
         self._finish_eof()
-        return True  # keep the transport open until the replies are written
+        # keep the transport open until the replies are written (TLS cannot half-close:
+        # asyncio closes it whatever this returns, and warns if it is True)
+        return not self.tls
 
     def _finish_eof(self) -> None:
         """After a half-close: close once every command sent has been run and answered."""

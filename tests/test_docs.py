@@ -29,6 +29,7 @@ PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.
 #: pages whose examples another test runs (they need services this runner does not start)
 ELSEWHERE = {
     "docs/cluster.md": "tests/cluster/test_docs.py (real ZooKeeper and two brokers)",
+    "docs/security.md": "tests/security/test_docs.py (a PKI made with openssl, a TLS broker)",
 }
 
 

@@ -21,6 +21,7 @@ import argparse
 import sys
 from typing import Any
 
+from pymetaq.client.cli.common import security_of
 from pymetaq.client.cli.wire import parse_server, round_trip
 from pymetaq.client.protocol import AdminCommand
 
@@ -73,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pymetaq admin: --server: {exc}", file=sys.stderr)
         return 2
+    security = security_of(args, args.server)
     try:
-        reply = round_trip(host, port, command(args), args.timeout)
+        reply = round_trip(host, port, command(args), args.timeout, security)
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
         print(f"pymetaq admin: {host}:{port}: {reason} (is the broker running?)", file=sys.stderr)

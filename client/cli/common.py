@@ -31,6 +31,8 @@ from types import FrameType
 from typing import Any, TextIO
 
 from pymetaq.client.errors import (
+    AccessDenied,
+    AuthenticationFailed,
     InvalidGroupName,
     MetaClientError,
     MissingDependency,
@@ -116,6 +118,21 @@ def meta_addresses(args: argparse.Namespace, command: str) -> list[tuple[str, in
     from pymetaq.client.transport.servers import parse_servers
 
     return parse_servers(servers)
+
+
+def security_of(args: argparse.Namespace, text: str | None = None) -> Any:
+    """The :class:`~pymetaq.client.transport.security.ClientSecurity` of ``--servers`` (or
+    ``text``): ``meta+tls://`` and the ``?ca=&cert=&key=&user=...`` options."""
+    from pymetaq.client.transport.security import client_security
+
+    value = text if text is not None else servers_of(args)
+    try:
+        return client_security(value)
+    except ValueError as e:
+        raise UsageError(
+            f"bad servers {value!r}: {e}",
+            "meta+tls://host:port?ca=CA.pem[&cert=C.pem&key=K.pem][&user=NAME], see docs/security.md",
+        ) from None
 
 
 @contextmanager
@@ -247,6 +264,15 @@ def graceful_stop() -> Iterator[StopRequest]:
 # ----------------------------------------------------------------------------- errors
 
 
+AUTH_HINT = (
+    "check ?user= in --servers and the password ($PYMETAQ_PASSWORD or ?password_file=); "
+    "see docs/security.md"
+)
+ACCESS_HINT = (
+    "the broker's [user=NAME] section grants publish/subscribe/groups/admin (docs/security.md)"
+)
+
+
 def describe_error(exc: BaseException) -> tuple[str, str | None, int] | None:
     """``(message, hint, exit code)`` for an error a person caused or can fix; None for a bug
     (which keeps its traceback)."""
@@ -269,6 +295,10 @@ def describe_error(exc: BaseException) -> tuple[str, str | None, int] | None:
         )
     if isinstance(exc, OffsetStoreError):
         return f"the offset store cannot be used: {exc}", None, 1
+    if isinstance(exc, AuthenticationFailed):
+        return str(exc), AUTH_HINT, 1
+    if isinstance(exc, AccessDenied):
+        return str(exc), ACCESS_HINT, 1
     if isinstance(exc, MetaClientError):
         return str(exc), None, 1
     if isinstance(exc, OSError) and exc.filename is not None:
