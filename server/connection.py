@@ -10,6 +10,9 @@ its fsync, a long-poll get for data); the client matches them by opaque, as Meta
 
 Bounds (each one a client could otherwise push without limit):
 
+- *TLS*: ``sendfile`` cannot encrypt, so a get reply is one ``pread`` of the slice written
+  through the TLS transport; while the client is not reading (``pause_writing``) later replies
+  queue as :class:`DeferredGet` (no bytes, no descriptor) and are read when it drains.
 - *Descriptors*: a get reply queued behind a running sendfile holds no descriptor - it is a
   :class:`DeferredGet` (log, offset, length) whose slice is opened when its turn comes.  So a
   connection holds at most one segment descriptor, however many gets it pipelines (before: one
@@ -257,14 +260,35 @@ class Connection(asyncio.Protocol):
         self._write_paused = False
         if self._sender is None:
             self._stalled_since = 0.0
+        if self.tls and self._queue:
+            self._drain_tls()
         self._maybe_resume()
+
+    def _drain_tls(self) -> None:
+        """TLS: write the replies queued while the client was not reading, until the transport
+        is full again (each get slice read only now, as a :class:`DeferredGet`)."""
+        while self._queue and not self._write_paused and not self.closed:
+            item = self._queue.popleft()
+            if isinstance(item, DeferredGet):
+                opened = self._reopen(item)
+                if isinstance(opened, RegionReply):
+                    self._write_region(opened.region, item.opaque)
+                    continue
+                item = opened
+            if isinstance(item, RegionReply):  # not queued on TLS connections; be safe
+                self._write_region(item.region, int(item.header.split()[2]))
+                continue
+            assert self.transport is not None
+            self.transport.write(item)
+        if self._close_after_flush and not self._queue:
+            self._flush()
 
     # -- replies ----------------------------------------------------------------------------------
     def reply(self, frame: bytes) -> None:
         """Queue a complete reply frame; written at the end of this loop iteration."""
         if self.closed:
             return
-        if self._sender is not None:
+        if self._sender is not None or self._queue:  # (TLS: replies wait behind the queue)
             self._enqueue(frame)
             return
         self._out.append(frame)
@@ -291,7 +315,11 @@ class Connection(asyncio.Protocol):
             region.close()
             return
         if self.tls:
-            self._write_region(region, opaque)
+            if self._write_paused or self._queue:  # the client is not reading: hold no bytes
+                region.close()
+                self._enqueue(DeferredGet(plog, offset, region.length, opaque))
+            else:
+                self._write_region(region, opaque)
             return
         if self._sender is not None:
             region.close()
@@ -336,7 +364,7 @@ class Connection(asyncio.Protocol):
             data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
             self._out.clear()
             self.transport.write(data)
-        if self._close_after_flush and self._sender is None:
+        if self._close_after_flush and self._sender is None and not self._queue:
             self._close()
 
     async def _send_queue(self) -> None:

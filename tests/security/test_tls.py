@@ -13,6 +13,7 @@ import pytest
 
 from pymetaq.client import Consumer, Producer
 from pymetaq.client.errors import NoBrokerAvailable
+from pymetaq.client.protocol import NEED_DATA, Limits, Parser, Role, ValueReply
 from tests._broker import BrokerProcess
 from tests.security._helpers import Pki, security_ini, tls_port
 
@@ -140,3 +141,55 @@ def test_tls_on_the_server_port(pki: Pki, tmp_path: Path) -> None:
         _roundtrip(_url(broker.port, pki), n=2)
         with pytest.raises(NoBrokerAvailable):
             Producer(f"meta://127.0.0.1:{broker.port}", request_timeout_ms=2000)
+
+
+def _rss(broker: BrokerProcess) -> int:
+    assert broker.proc is not None
+    status = Path(f"/proc/{broker.proc.pid}/status").read_text()
+    (kib,) = [int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")]
+    return kib << 10
+
+
+def test_long_poll_replies_to_a_client_that_does_not_read(broker: BrokerProcess, pki: Pki) -> None:
+    """Long-poll gets parked on a TLS connection whose client reads nothing, then data arrives:
+    every get completes (up to 100 MiB owed) but the broker holds only what the transport
+    buffers (the rest waits as deferred slices, no bytes); all replies arrive complete."""
+    url = _url(tls_port(broker), pki)
+    with Producer(url) as p:
+        mark = p.send("test", b"marker", raise_on_error=True)
+    end = mark.offset + 20 + len(b"marker")
+    ctx = ssl.create_default_context(cafile=pki.pem("ca"))
+    n = 100
+    with (
+        socket.create_connection(("127.0.0.1", tls_port(broker)), timeout=30) as raw,
+        ctx.wrap_socket(raw, server_hostname="localhost") as s,
+    ):
+        s.sendall(
+            b"".join(b"get test g 0 %d 1048576 20000 %d\r\n" % (end, i + 1) for i in range(n))
+        )
+        assert _another_round_trip(url)  # give the broker a turn to park the gets
+        before = _rss(broker)
+        with Producer(url) as p:
+            p.send_many("test", [b"big-%04d-" % i + b"y" * 4000 for i in range(600)], partition=0)
+            p.flush()
+        time.sleep(1.0)  # the scenario: the client still reads nothing while the gets complete
+        grown = _rss(broker) - before
+        assert grown < 24 << 20, f"the broker grew by {grown >> 20} MiB for a client not reading"
+        parser = Parser(Role.CLIENT, Limits.for_transfer_size(1 << 20))
+        got: dict[int, int] = {}
+        while len(got) < n:
+            event = parser.next_event()
+            if event is NEED_DATA:
+                chunk = s.recv(1 << 20)
+                assert chunk, f"closed after {len(got)} replies"
+                parser.feed(chunk)
+                continue
+            assert isinstance(event, ValueReply), event
+            got[event.opaque] = len(event.data)
+    assert sorted(got) == list(range(1, n + 1))
+    assert min(got.values()) > 100_000  # each woke with what had arrived by then
+
+
+def _another_round_trip(url: str) -> bool:
+    with Producer(url) as p:
+        return bool(p.partitions("test"))
