@@ -66,12 +66,19 @@ def _static(name: str) -> bytes:
 class DashboardApp:
     """Routes requests to the pages, the JSON, ``/metrics`` and the reload."""
 
+    #: ``[security] enable=true`` (the gate has checked an admin identity: no loopback rule)
+    secured = False
+    #: ``[security] httpTls=true`` (a browser's ``Origin`` is ``https://...``)
+    https = False
+
     def __init__(self, broker: Broker, dispatcher: Dispatcher, rates: RateSampler) -> None:
         self.broker = broker
         self.dispatcher = dispatcher
         self.rates = rates
         self.registry = registry_for(broker, dispatcher)
         self.token = secrets.token_urlsafe(32)
+        self.secured = broker.config.security.enable
+        self.https = broker.config.security.http_tls
         self.last_reload = ""
         self._static = {name: _static(name) for name in STATIC}
         self._get: dict[str, Callable[[Request], Response]] = {
@@ -180,8 +187,7 @@ class DashboardApp:
 
     def refusal(self, request: Request) -> str | None:
         """Why a state-changing request must be refused, or None."""
-        security = self.broker.config.security
-        if not security.enable and not is_loopback(request.peer):  # else: the gate's admin
+        if not self.secured and not is_loopback(request.peer):  # else: the gate's admin
             return "the reload is allowed only from this host (a loopback address)"
         token = request.form().get("token", "") or request.headers.get("x-csrf-token", "")
         if not hmac.compare_digest(token.encode(), self.token.encode()):
@@ -191,7 +197,7 @@ class DashboardApp:
             return f"cross-site request refused (Sec-Fetch-Site: {site})"
         origin = request.headers.get("origin")
         host = request.headers.get("host", "")
-        scheme = "https" if security.http_tls else "http"
+        scheme = "https" if self.https else "http"
         if origin is not None and origin != f"{scheme}://{host}":
             return f"cross-origin request refused (Origin: {origin})"
         return None
