@@ -92,7 +92,12 @@ class TopicEntry:
 
 
 def broker_nodes(
-    paths: ZkPaths, broker_id: int, url: str, checksum: int, topics: Iterable[TopicEntry]
+    paths: ZkPaths,
+    broker_id: int,
+    url: str,
+    checksum: int,
+    topics: Iterable[TopicEntry],
+    tls_url: str = "",
 ) -> dict[str, bytes]:
     """The ephemeral nodes (path -> value) a master broker keeps registered (pure)."""
     me = broker_node_name(broker_id)
@@ -100,6 +105,8 @@ def broker_nodes(
         paths.broker_master(broker_id): url.encode(),
         paths.broker_checksum(broker_id): str(checksum).encode(),
     }
+    if tls_url:  # pymetaq: the TLS listener, for zk:// clients with TLS options
+        nodes[paths.broker_master_tls(broker_id)] = tls_url.encode()
     for t in topics:
         nodes[paths.topic_legacy(t.topic, me)] = encode_partition_count(t.num_partitions)
         value = TopicBroker(t.num_partitions, me).encode()
@@ -135,12 +142,18 @@ class BrokerRegistry:
         *,
         stored_topics: Iterable[str] = (),
         client: Any = None,
+        tls_port: int = -1,
     ) -> None:
         self._config = config
         cfg = config()
         zk = cfg.zookeeper
         self.broker_id = cfg.system.broker_id
         self.url = meta_url(advertised_host(host), port)
+        self.tls_url = (
+            "meta+tls" + meta_url(advertised_host(host), tls_port)[len("meta") :]
+            if tls_port > 0
+            else ""
+        )
         self.paths = ZkPaths(zk.root)
         self.hosts = zk.connect
         self._owns_client = client is None
@@ -270,7 +283,9 @@ class BrokerRegistry:
                 entries.append(
                     TopicEntry(name, tc.num_partitions, tc.accept_publish, tc.accept_subscribe)
                 )
-        return broker_nodes(self.paths, self.broker_id, self.url, cfg.checksum, entries)
+        return broker_nodes(
+            self.paths, self.broker_id, self.url, cfg.checksum, entries, self.tls_url
+        )
 
     def _reconcile(self) -> float | None:
         if not self.client.connected:
@@ -363,7 +378,11 @@ def open_registry(broker: Any) -> BrokerRegistry | None:
     if not broker.config.zookeeper.enabled:
         return None
     registry = BrokerRegistry(
-        lambda: broker.config, broker.host, broker.port, stored_topics=broker.store.topics()
+        lambda: broker.config,
+        broker.host,
+        broker.port,
+        stored_topics=broker.store.topics(),
+        tls_port=broker.tls_port,
     )
     registry.start()
     return registry

@@ -93,8 +93,12 @@ def servers_of(args: argparse.Namespace) -> str:
     try:
         if value.strip().startswith("zk://"):
             from pymetaq.client.protocol.zk import parse_zk_url
+            from pymetaq.client.transport.security import client_security
 
-            parse_zk_url(value.strip())
+            head, _, query = value.strip().partition("?")
+            parse_zk_url(head)
+            if query:
+                client_security(f"meta+tls://zk:1?{query}")
         else:
             from pymetaq.client.transport.servers import parse_servers
 
