@@ -5,6 +5,8 @@ MetaClientError (retriable: bool, invalid_metadata: bool)
 ├── BrokerError (code, message)          a non-200 ``result`` reply
 │   ├── BadRequest             400       malformed request (never retriable)
 │   ├── PartitionClosed        403       partition closed by an operator (retriable)
+│   ├── AccessDenied           403       ``identity '<name>' may not ...`` (not retriable)
+│   ├── AuthenticationFailed   401       ``auth`` refused: bad credentials or locked out
 │   ├── NotFound               404       no data / no store at that offset (retriable)
 │   ├── BrokerInternalError    500       broker-side failure: wrong partition, unknown topic,
 │   │                                    checksum mismatch, I/O error (not retriable)
@@ -95,6 +97,18 @@ class BadRequest(BrokerError):
 
 class PartitionClosed(BrokerError):
     retriable = True
+
+
+class AccessDenied(BrokerError):
+    """The identity lacks the right (``[security] enable=true``; docs/security.md)."""
+
+    retriable = False
+
+
+class AuthenticationFailed(BrokerError):
+    """``auth`` was refused (wrong user or password, or the address is locked out)."""
+
+    retriable = False
 
 
 class NotFound(BrokerError):
@@ -339,7 +353,11 @@ def error_for_reply(code: int, body: bytes | str) -> MetaClientError:
             return BrokerInternalError(code, f"301 with a non-numeric offset {text!r}")
     if code == 500 and any(m in text.lower() for m in _UNKNOWN_MARKERS):
         return UnknownTopicOrPartition(text)
+    if code == 403 and text.startswith("identity '"):
+        return AccessDenied(code, text)
     cls = _BY_CODE.get(code)
+    if code == 401:
+        cls = AuthenticationFailed
     if cls is None:
         cls = BrokerInternalError if code >= 500 else BadRequest
     return cls(code, text)

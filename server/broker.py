@@ -41,6 +41,7 @@ from pymetaq.server.errors import BrokerStateError, ConfigError, StartupError
 from pymetaq.server.http import start_dashboard
 from pymetaq.server.registry import RegistryError
 from pymetaq.server.replication import check_slave_config, start_slave, start_sync_link
+from pymetaq.server.security.tls import server_context
 from pymetaq.server.transaction.service import TransactionService
 from pymetaq.storage import MessageStoreManager, StorageError
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pymetaq.server")
 
 STOP_GRACE_S = 10.0
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class Broker:
@@ -78,6 +80,7 @@ class Broker:
         self.store: Any = None
         self.transactions: Any = None
         self.port = 0
+        self.tls_port = -1  # the TLS listener's port (== port with tlsOnServerPort), -1 = none
         self.host = config.system.host_name or "127.0.0.1"
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dispatcher: Dispatcher | None = None
@@ -181,21 +184,17 @@ class Broker:
         if self.samsa is not None:
             self.sync_link = start_sync_link(self)
             dispatcher.appender.replicator = self.sync_link
-        port = self.config.system.server_port
         try:
-            server = await loop.create_server(
-                lambda: Connection(dispatcher), self.host, port, backlog=1024, reuse_address=True
-            )
-        except BaseException as exc:
+            server, tls_server = await self._listen(dispatcher)
+        except BaseException:
             self.transactions.close_blocking()
             self.store.close()
-            if isinstance(exc, OSError):
-                raise StartupError(
-                    f"cannot listen on {self.host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} "
-                    "(check hostName and serverPort)"
-                ) from exc
             raise
         self.port = server.sockets[0].getsockname()[1]
+        if self.config.security.tls_on_server_port:
+            self.tls_port = self.port
+        elif tls_server is not None:
+            self.tls_port = tls_server.sockets[0].getsockname()[1]
         try:
             self.dashboard = await start_dashboard(self, dispatcher)
             await self._register()
@@ -203,6 +202,8 @@ class Broker:
                 self.slave = start_slave(self)
         except BaseException:
             server.close()
+            if tls_server is not None:
+                tls_server.close()
             if self.dashboard is not None:
                 await self.dashboard.close()
             await self.transactions.aclose()
@@ -214,10 +215,11 @@ class Broker:
             loop.add_signal_handler(signal.SIGHUP, self.reload_config)
         idle = loop.create_task(self._idle_sweeper())
         log.info(
-            "pymetaq broker %d listening on %s:%d (data: %s)",
+            "pymetaq broker %d listening on %s:%d%s (data: %s)",
             self.config.system.broker_id,
             self.host,
             self.port,
+            "" if self.tls_port < 0 else f", TLS on {self.host}:{self.tls_port}",
             self.config.system.data_path,
         )
         if own_process:
@@ -228,7 +230,42 @@ class Broker:
             await self._stop_event.wait()
         finally:
             idle.cancel()
+            if tls_server is not None:
+                tls_server.close()
             await self._shutdown(server, dispatcher)
+
+    async def _listen(self, dispatcher: Dispatcher) -> tuple[asyncio.Server, asyncio.Server | None]:
+        """The broker port (TLS with ``tlsOnServerPort``) and the ``tlsPort`` listener, if any."""
+        loop = asyncio.get_running_loop()
+        security = self.config.security
+        ctx = server_context(security) if security.tls else None
+
+        async def listen(port: int, tls: bool) -> asyncio.Server:
+            try:
+                return await loop.create_server(
+                    lambda: Connection(dispatcher),
+                    self.host,
+                    port,
+                    backlog=1024,
+                    reuse_address=True,
+                    ssl=ctx if tls else None,
+                    ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if tls else None,
+                )
+            except OSError as exc:
+                what = "tlsPort" if tls and security.tls_port >= 0 else "serverPort"
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise StartupError(
+                    f"cannot listen on {self.host}:{port}: {reason} (check hostName and {what})"
+                ) from exc
+
+        server = await listen(self.config.system.server_port, security.tls_on_server_port)
+        if security.tls_port < 0:
+            return server, None
+        try:
+            return server, await listen(security.tls_port, True)
+        except BaseException:
+            server.close()
+            raise
 
     def _open_store(self) -> None:
         """Lock and open the data directory; every damaged partition is fenced (logged, with
@@ -361,9 +398,12 @@ class Broker:
             log.error("config reload failed, keeping the old configuration: %s", exc)
             return False, f"config reload failed, keeping the old configuration: {exc}"
         note = ""
+        if new.security != self.config.security:
+            log.warning("config reload: [security] and [user=...] changes need a restart")
+            note += "; [security]/[user=...] changes need a restart (not applied)"
         if new.system != self.config.system:
             log.warning("config reload: [system] changes need a restart; applying topics only")
-            note = "; [system] changes need a restart (not applied)"
+            note += "; [system] changes need a restart (not applied)"
         self.config = dataclasses.replace(
             self.config, topics=new.topics, text=new.text, checksum=new.checksum
         )

@@ -1,6 +1,6 @@
 """The ``pymetaq`` command: argparse with one subcommand per module, and the one error handler.
 
-The server's commands (``server``; ``check`` and ``repair``; ``config``; ``tx``) and the client's
+The server's commands (``server``; ``check`` and ``repair``; ``config``; ``tx``; ``security``) and the client's
 (``produce``, ``consume``, ``offsets``, ``stats``, ``topics``:
 :func:`pymetaq.client.cli.add_parsers`) are imported explicitly; each command module adds its
 parser and sets ``func(args) -> int`` as the default.
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pymetaq.client import __version__
 from pymetaq.client import cli as client_cli
 from pymetaq.client.cli.common import describe_error
-from pymetaq.server import cmd_check, cmd_config, cmd_server, cmd_tx
+from pymetaq.server import cmd_check, cmd_config, cmd_security, cmd_server, cmd_tx
 from pymetaq.server.errors import ConfigError, StartupError
 
 
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_check.add_parser(subparsers)
     cmd_config.add_parser(subparsers)
     cmd_tx.add_parser(subparsers)
+    cmd_security.add_parser(subparsers)
     client_cli.add_parsers(subparsers)
     return parser
 

@@ -87,6 +87,7 @@ from typing import Any
 from pymetaq.client.protocol.names import InvalidTopicName, topic_pattern
 from pymetaq.server.errors import ConfigError
 from pymetaq.server.ini import IniEntry, IniSection, did_you_mean, eval_int, parse_bool, parse_ini
+from pymetaq.server.security.config import SecurityConfig, parse_security
 from pymetaq.storage.cron import next_fire
 
 _CPUS = os.cpu_count() or 1
@@ -283,6 +284,7 @@ class BrokerConfig:
     path: str = "<string>"
     text: str = ""
     checksum: int = 0
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def topic_config(self, topic: str) -> TopicConfig | None:
         """The effective config of ``topic``: exact section, else first matching pattern."""
@@ -332,8 +334,11 @@ def parse_config(text: str, path: str = "<string>", *, cwd: str | None = None) -
     sections = parse_ini(text, path)
     by_name = {s.name: s for s in sections}
     for s in sections:
-        if s.name not in ("system", "zookeeper") and not s.name.startswith("topic="):
-            hint = did_you_mean(s.name, ["system", "zookeeper", "topic=NAME"])
+        if s.name not in ("system", "zookeeper", "security", "anonymous") and not (
+            s.name.startswith(("topic=", "user="))
+        ):
+            known = ["system", "zookeeper", "topic=NAME", "security", "user=NAME", "anonymous"]
+            hint = did_you_mean(s.name, known)
             raise ConfigError(f"{path}:{s.line}: unknown section [{s.name}]{hint}")
     sys_values = _section_values(by_name.get("system"), SYSTEM_KEYS, path)
     system = SystemConfig(**sys_values)
@@ -349,8 +354,9 @@ def parse_config(text: str, path: str = "<string>", *, cwd: str | None = None) -
     topics = tuple(_topic(s, system, path, base) for s in sections if s.name.startswith("topic="))
     if not topics:
         raise ConfigError(f"{path}: no [topic=NAME] section; MetaQ requires at least one topic")
+    security = parse_security(sections, path, base)
     checksum = zlib.crc32(text.encode("utf-8")) & 0xFFFFFFFF
-    return BrokerConfig(system, zk, topics, path, text, checksum)
+    return BrokerConfig(system, zk, topics, path, text, checksum, security=security)
 
 
 def _resolve(p: str, base: str) -> str:

@@ -10,6 +10,9 @@ its fsync, a long-poll get for data); the client matches them by opaque, as Meta
 
 Bounds (each one a client could otherwise push without limit):
 
+- *TLS*: ``sendfile`` cannot encrypt, so a get reply is one ``pread`` of the slice written
+  through the TLS transport; while the client is not reading (``pause_writing``) later replies
+  queue as :class:`DeferredGet` (no bytes, no descriptor) and are read when it drains.
 - *Descriptors*: a get reply queued behind a running sendfile holds no descriptor - it is a
   :class:`DeferredGet` (log, offset, length) whose slice is opened when its turn comes.  So a
   connection holds at most one segment descriptor, however many gets it pipelines (before: one
@@ -32,12 +35,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import socket
 import struct
 from typing import TYPE_CHECKING, NamedTuple
 
 from pymetaq.client.protocol import NEED_DATA, Parser, ProtocolError, QuitCommand, Role
+from pymetaq.server.errors import describe_os_error
 from pymetaq.server.limits import FREE_BODY_BYTES
+from pymetaq.server.security.acl import ANONYMOUS, NO_RIGHTS, Identity
 from pymetaq.storage import FileRegion, PartitionLog, ReadStatus, StorageError
 
 if TYPE_CHECKING:
@@ -111,6 +117,9 @@ class Connection(asyncio.Protocol):
         self._frame_since = 0.0  # first byte of the frame being received
         self._stalled_since = 0.0  # replies stopped moving (unread buffer or sendfile)
         self._closing_since = 0.0
+        self.identity = Identity(ANONYMOUS, NO_RIGHTS)  # set by the dispatcher when accepted
+        self.tls = False  # TLS: get replies are read and written (sendfile cannot encrypt)
+        self._held = False  # reading held by the security guard (an ``auth`` being checked)
 
     # -- asyncio callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -123,6 +132,7 @@ class Connection(asyncio.Protocol):
             self.peer = f"{peer[0]}:{peer[1]}"
         else:
             self.peer = self.peer_ip = str(peer)
+        self.tls = transport.get_extra_info("sslcontext") is not None
         if not self.dispatcher.connection_opened(self):
             self.closed = True
             transport.abort()
@@ -230,7 +240,9 @@ class Connection(asyncio.Protocol):
         """The client half-closed: run what it sent, answer what is in flight, then close."""
         self._eof = True
         self._finish_eof()
-        return True  # keep the transport open until the replies are written
+        # keep the transport open until the replies are written (TLS cannot half-close:
+        # asyncio closes it whatever this returns, and warns if it is True)
+        return not self.tls
 
     def _finish_eof(self) -> None:
         """After a half-close: close once every command sent has been run and answered."""
@@ -248,14 +260,35 @@ class Connection(asyncio.Protocol):
         self._write_paused = False
         if self._sender is None:
             self._stalled_since = 0.0
+        if self.tls and self._queue:
+            self._drain_tls()
         self._maybe_resume()
+
+    def _drain_tls(self) -> None:
+        """TLS: write the replies queued while the client was not reading, until the transport
+        is full again (each get slice read only now, as a :class:`DeferredGet`)."""
+        while self._queue and not self._write_paused and not self.closed:
+            item = self._queue.popleft()
+            if isinstance(item, DeferredGet):
+                opened = self._reopen(item)
+                if isinstance(opened, RegionReply):
+                    self._write_region(opened.region, item.opaque)
+                    continue
+                item = opened
+            if isinstance(item, RegionReply):  # not queued on TLS connections; be safe
+                self._write_region(item.region, int(item.header.split()[2]))
+                continue
+            assert self.transport is not None
+            self.transport.write(item)
+        if self._close_after_flush and not self._queue:
+            self._flush()
 
     # -- replies ----------------------------------------------------------------------------------
     def reply(self, frame: bytes) -> None:
         """Queue a complete reply frame; written at the end of this loop iteration."""
         if self.closed:
             return
-        if self._sender is not None:
+        if self._sender is not None or self._queue:  # (TLS: replies wait behind the queue)
             self._enqueue(frame)
             return
         self._out.append(frame)
@@ -281,6 +314,13 @@ class Connection(asyncio.Protocol):
         if self.closed:
             region.close()
             return
+        if self.tls:
+            if self._write_paused or self._queue:  # the client is not reading: hold no bytes
+                region.close()
+                self._enqueue(DeferredGet(plog, offset, region.length, opaque))
+            else:
+                self._write_region(region, opaque)
+            return
         if self._sender is not None:
             region.close()
             self._enqueue(DeferredGet(plog, offset, region.length, opaque))
@@ -288,6 +328,30 @@ class Connection(asyncio.Protocol):
         self._flush()
         self._queue.append(RegionReply(b"value %d %d\r\n" % (region.length, opaque), region))
         self._sender = self.loop.create_task(self._send_queue())
+
+    def _write_region(self, region: FileRegion, opaque: int) -> None:
+        """TLS: one ``pread`` of the whole slice, written after the header (no per-message
+        work; the transport's buffer limit pauses reading as for any reply)."""
+        try:
+            data = os.pread(region.fd, region.length, region.position) if region.length > 0 else b""
+        except OSError as exc:
+            self.reply(result_frame(500, describe_os_error(exc).encode(), opaque))
+            return
+        finally:
+            region.close()
+        self._flush()
+        assert self.transport is not None
+        self.transport.write(b"value %d %d\r\n" % (len(data), opaque))
+        self.transport.write(data)
+
+    def hold_reading(self, held: bool) -> None:
+        """Stop (True) or allow again (False) reading and parsing: the security guard holds a
+        connection while its ``auth`` is checked."""
+        self._held = held
+        if held:
+            self._pause()
+        else:
+            self._maybe_resume()
 
     def _enqueue(self, item: Queued) -> None:
         self._queue.append(item)
@@ -300,7 +364,7 @@ class Connection(asyncio.Protocol):
             data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
             self._out.clear()
             self.transport.write(data)
-        if self._close_after_flush and self._sender is None:
+        if self._close_after_flush and self._sender is None and not self._queue:
             self._close()
 
     async def _send_queue(self) -> None:
@@ -387,6 +451,7 @@ class Connection(asyncio.Protocol):
             or self._write_paused
             or len(self._queue) > MAX_QUEUED // 2
             or self._awaiting_budget
+            or self._held
             or self._close_after_flush
             or not self.dispatcher.accepting
         ):

@@ -29,8 +29,13 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 | version      | 200 version string (also the heartbeat)  |                                          |
 | transaction  | :mod:`pymetaq.server.transaction.handler` (also ``txadmin``, ``stats transactions``) |
 | sync         | -                                        | 500 not a slave                          |
-| admin        | 200 text (:mod:`pymetaq.server.monitor.ops`) | 403 not from a loopback address;     |
+| admin        | 200 text (:mod:`pymetaq.server.monitor.ops`) | 403 not from a loopback address      |
+|              |                                          | (security off) or no admin right;        |
 |              |                                          | 400/404/500 per action                   |
+
+With ``[security] enable=true`` every command is first checked against the connection's
+identity (:mod:`pymetaq.server.security.guard`): a denial is ``result 403`` with the exact text
+of :mod:`pymetaq.server.security.acl`; ``auth`` is routed to the guard.
 
 The ``bput`` count token is checked only against the body length: the records themselves are
 walked once, by storage's validate-and-stamp loop (no second per-record pass in the broker), and
@@ -67,6 +72,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 from pymetaq.client.protocol import (
     AdminCommand,
+    AuthCommand,
     BatchPutCommand,
     Event,
     GetCommand,
@@ -98,6 +104,7 @@ from pymetaq.server.monitor.state import LAG_HELP, Monitor
 from pymetaq.server.partitions import Partitions, TooManyPartitions
 from pymetaq.server.puts import Appender
 from pymetaq.server.replication import REPLICATION_HELP, put_refusal, replication_lines
+from pymetaq.server.security.guard import Guard
 from pymetaq.server.stats import VERSION, PartitionInfo, Stats
 from pymetaq.storage import (
     PartitionLog,
@@ -153,6 +160,7 @@ class Dispatcher:
         self.per_ip = ConnectionCounts(system.max_connections_per_ip)
         self.throttled = Throttled(log)
         self.longpoll = LongPoll(self)
+        self.guard = Guard(broker.config.security, loop)
         self.partitions = Partitions(broker, self._store_created)
         #: a gregor slave's resolved sync targets (topic, partition) -> (log, topic config)
         self._sync_targets: dict[tuple[str, int], tuple[PartitionLog, TopicConfig]] = {}
@@ -173,6 +181,7 @@ class Dispatcher:
                 _route(TxAdminCommand, self.tx.on_admin),
                 _route(SyncCommand, self.on_sync),
                 _route(AdminCommand, self.on_admin),
+                _route(AuthCommand, self.guard.on_auth),
             )
         )
         partitions = len(broker.store.logs()) + system.max_auto_created_partitions
@@ -208,6 +217,7 @@ class Dispatcher:
             return False
         self.connections.add(conn)
         self.stats.curr_connections = len(self.connections)
+        conn.identity = self.guard.identify(conn)
         return True
 
     def connection_closed(self, conn: Connection) -> None:
@@ -252,6 +262,11 @@ class Dispatcher:
     def handle(self, conn: Connection, cmd: Event) -> None:
         """Run the handler of ``cmd``; any exception becomes a 500 and is logged."""
         try:
+            if self.guard.enabled:
+                denial = self.guard.denied(conn, cmd)
+                if denial is not None:
+                    conn.result(403, denial, getattr(cmd, "opaque", 0))
+                    return
             self._table[type(cmd)](conn, cmd)
         except Exception as exc:
             log.exception("error handling %s from %s", type(cmd).__name__, conn.peer)
@@ -538,8 +553,9 @@ class Dispatcher:
 
     def on_admin(self, conn: Connection, cmd: AdminCommand) -> None:
         """pymetaq's ``admin`` (server/monitor/ops.py): loopback peers only until clients are
-        authenticated."""
-        if not is_loopback(conn.peer_ip):
+        authenticated; with ``[security] enable=true`` the admin right instead (checked in
+        :meth:`handle`)."""
+        if not self.guard.enabled and not is_loopback(conn.peer_ip):
             conn.result(403, ADMIN_LOOPBACK_ONLY, cmd.opaque)
             return
         code, text = self.admin.run(cmd.action, cmd.args)

@@ -103,15 +103,19 @@ def broker_nodes(
     checksum: int,
     topics: Iterable[TopicEntry],
     slave_id: int | None = None,
+    tls_url: str = "",
 ) -> dict[str, bytes]:
     """The ephemeral nodes (path -> value) a broker keeps registered (pure): a master's, or
-    with ``slave_id`` a slave's (``slave<n>``, topics as ``<id>-s<n>``, no checksum node)."""
+    with ``slave_id`` a slave's (``slave<n>``, topics as ``<id>-s<n>``, no checksum node); a
+    master with a TLS listener also ``master_tls`` (pymetaq, for zk:// clients with TLS options)."""
     me = broker_node_name(broker_id, slave_id)
     if slave_id is None:
         nodes = {
             paths.broker_master(broker_id): url.encode(),
             paths.broker_checksum(broker_id): str(checksum).encode(),
         }
+        if tls_url:
+            nodes[paths.broker_master_tls(broker_id)] = tls_url.encode()
     else:
         nodes = {paths.broker_slave(broker_id, slave_id): url.encode()}
     for t in topics:
@@ -150,6 +154,7 @@ class BrokerRegistry:
         stored_topics: Iterable[str] = (),
         client: Any = None,
         slave_id: int | None = None,
+        tls_port: int = -1,
     ) -> None:
         self._config = config
         cfg = config()
@@ -157,6 +162,11 @@ class BrokerRegistry:
         self.broker_id = cfg.system.broker_id
         self.slave_id = slave_id  # None: a master; n: the async slave ``slave<n>``
         self.url = meta_url(advertised_host(host), port)
+        self.tls_url = (
+            "meta+tls" + meta_url(advertised_host(host), tls_port)[len("meta") :]
+            if tls_port > 0
+            else ""
+        )
         self.paths = ZkPaths(zk.root)
         self.hosts = zk.connect
         self._owns_client = client is None
@@ -311,7 +321,7 @@ class BrokerRegistry:
                     TopicEntry(name, tc.num_partitions, tc.accept_publish, tc.accept_subscribe)
                 )
         return broker_nodes(
-            self.paths, self.broker_id, self.url, cfg.checksum, entries, self.slave_id
+            self.paths, self.broker_id, self.url, cfg.checksum, entries, self.slave_id, self.tls_url
         )
 
     @property
@@ -422,6 +432,7 @@ def open_registry(broker: Any) -> BrokerRegistry | None:
         broker.port,
         stored_topics=broker.store.topics(),
         slave_id=None if slave is None else slave.slave_id,
+        tls_port=broker.tls_port,
     )
     registry.start()
     return registry

@@ -53,6 +53,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from pymetaq.client import __version__
 from pymetaq.server.config import BrokerConfig
+from pymetaq.server.security.config import redact
 
 VERSION = f"pymetaq-{__version__} (MetaQ 1.4 protocol)"
 REALTIME_ITEMS = ("put", "get", "offset", "get_miss", "put_failed", "message_size")
@@ -180,7 +181,7 @@ class Stats:
         """The reply body of ``stats <item>``."""
         item = item.strip()
         if item == "config":
-            return str(config.text).encode("utf-8")
+            return redact(str(config.text)).encode("utf-8")
         if item == "reset":
             self.reset()
             lines = ["reset ok"]

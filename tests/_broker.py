@@ -32,7 +32,7 @@ from typing import Any
 from tests._helpers import require_integration, wait_for
 
 _LISTEN = re.compile(r"listening on ([^\s:]+):(\d+)")
-_HTTP = re.compile(r"dashboard and /metrics on (http://\S+/)")
+_HTTP = re.compile(r"dashboard and /metrics on (https?://\S+/)")
 START_TIMEOUT_S = 60.0
 #: ``python -c`` prologue: lower RLIMIT_NOFILE, then run the CLI module as ``-m`` would
 _LIMITED = (

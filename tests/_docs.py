@@ -17,9 +17,9 @@ before a block; tests/test_docs.py starts them).
 Expected output is compared line by line after normalising both sides (CRLF, message ids,
 millisecond timestamps, elapsed times and rates, log timestamps); ``…`` in a line matches any
 text, a line that is only ``…`` any number of lines. In wire exchanges ``\\r\\n`` stands for
-CRLF, ``<N bytes>`` for N bytes of ``x`` and ``<record "text">`` for a complete record holding
-``text``; ``  # ...`` at the end of a line is a comment; an indented line continues the
-``<-`` line above it (a reply of several lines, each ending in ``\\r\\n``).
+CRLF, ``\\0`` for a NUL byte, ``<N bytes>`` for N bytes of ``x`` and ``<record "text">`` for
+a complete record holding ``text``; ``  # ...`` at the end of a line is a comment; an indented
+line continues the ``<-`` line above it (a reply of several lines, each ending in ``\\r\\n``).
 """
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ def console_commands(b: Block) -> list[Command]:
         if not line.startswith("$ "):
             raise AssertionError(f"{b.where}: expected a '$ ' line, got {line!r}")
         cmd = line[2:]
-        while cmd.endswith("\\"):
+        while cmd.endswith("\\"):  # kept: bash reads backslash-newline as a continuation
             i += 1
-            cmd = cmd[:-1] + "\n" + lines[i]
+            cmd = cmd + "\n" + lines[i]
         i += 1
         expected = []
         while i < len(lines) and not lines[i].startswith("$ "):
@@ -172,14 +172,17 @@ _BYTES = re.compile(r"<(\d+) bytes>")
 
 
 def wire_bytes(text: str) -> bytes:
-    """A ``->`` line as bytes: ``\\r\\n``, ``<N bytes>``, ``<record "text">``."""
+    """A ``->`` line as bytes: ``\\r\\n``, ``\\0`` (a NUL byte), ``<N bytes>``,
+    ``<record "text">``."""
     out = bytearray()
     pos = 0
-    for m in re.finditer(r'\\r\\n|<\d+ bytes>|<record "[^"]*">', text):
+    for m in re.finditer(r'\\r\\n|\\0|<\d+ bytes>|<record "[^"]*">', text):
         out += text[pos : m.start()].encode()
         token = m.group(0)
         if token == "\\r\\n":
             out += b"\r\n"
+        elif token == "\\0":
+            out += b"\0"
         elif (r := _RECORD.fullmatch(token)) is not None:
             out += encode_record(r.group(1).encode())
         elif (n := _BYTES.fullmatch(token)) is not None:

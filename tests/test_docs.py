@@ -46,6 +46,7 @@ PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.
 #: pages whose examples another test runs (they need services this runner does not start)
 ELSEWHERE = {
     "docs/cluster.md": "tests/cluster/test_docs.py (real ZooKeeper and two brokers)",
+    "docs/security.md": "tests/security/test_docs.py (a PKI made with openssl, a TLS broker)",
 }
 _SERVICES = re.compile(r"<!--\s*page-services:\s*([a-z ]+?)\s*(?:\(.*?\))?\s*-->", re.S)
 _ZK_URL = re.compile(r"zk://127\.0\.0\.1:2181(?:/meta)?")

@@ -22,7 +22,7 @@ import argparse
 import sys
 from typing import Any
 
-from pymetaq.client.cli.common import add_servers_option, one_address
+from pymetaq.client.cli.common import add_servers_option, one_address, security_of
 from pymetaq.client.cli.wire import round_trip
 from pymetaq.client.protocol import AdminCommand
 
@@ -73,8 +73,9 @@ def command(args: argparse.Namespace) -> AdminCommand:
 
 def run(args: argparse.Namespace) -> int:
     host, port = one_address(args, "admin")
+    security = security_of(args)
     try:
-        reply = round_trip(host, port, command(args), args.timeout)
+        reply = round_trip(host, port, command(args), args.timeout, security)
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
         print(f"pymetaq admin: {host}:{port}: {reason} (is the broker running?)", file=sys.stderr)

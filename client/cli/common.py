@@ -31,6 +31,8 @@ from types import FrameType
 from typing import Any, TextIO
 
 from pymetaq.client.errors import (
+    AccessDenied,
+    AuthenticationFailed,
     InvalidGroupName,
     MetaClientError,
     MissingDependency,
@@ -44,8 +46,8 @@ from pymetaq.offsets.base import CorruptOffsetData, OffsetStore, OffsetStoreErro
 DEFAULT_SERVERS = "meta://127.0.0.1:8123"
 SERVERS_ENV = "PYMETAQ_SERVERS"
 SERVERS_HELP = (
-    "meta://host:port[,...] or zk://host:port[/root] "
-    f"(default: ${SERVERS_ENV}, else {DEFAULT_SERVERS})"
+    "meta://host:port[,...], meta+tls://host:port[,...]?ca=CA.pem[&cert=..&key=..][&user=..] "
+    f"or zk://host:port[/root] (default: ${SERVERS_ENV}, else {DEFAULT_SERVERS})"
 )
 STORE_HELP = (
     "file:PATH | sqlite:PATH | SQLAlchemy URL | zk://... (default: file:~/.pymetaq_offsets)"
@@ -91,8 +93,12 @@ def servers_of(args: argparse.Namespace) -> str:
     try:
         if value.strip().startswith("zk://"):
             from pymetaq.client.protocol.zk import parse_zk_url
+            from pymetaq.client.transport.security import client_security
 
-            parse_zk_url(value.strip())
+            head, _, query = value.strip().partition("?")
+            parse_zk_url(head)
+            if query:
+                client_security(f"meta+tls://zk:1?{query}")
         else:
             from pymetaq.client.transport.servers import parse_servers
 
@@ -154,6 +160,21 @@ def registered_masters(url: str, args: argparse.Namespace) -> list[str]:
             "start brokers with zk.zkEnable=true and this zk.zkConnect/zk.zkRoot",
         )
     return masters
+
+
+def security_of(args: argparse.Namespace, text: str | None = None) -> Any:
+    """The :class:`~pymetaq.client.transport.security.ClientSecurity` of ``--servers`` (or
+    ``text``): ``meta+tls://`` and the ``?ca=&cert=&key=&user=...`` options."""
+    from pymetaq.client.transport.security import client_security
+
+    value = text if text is not None else servers_of(args)
+    try:
+        return client_security(value)
+    except ValueError as e:
+        raise UsageError(
+            f"bad servers {value!r}: {e}",
+            "meta+tls://host:port?ca=CA.pem[&cert=C.pem&key=K.pem][&user=NAME], see docs/security.md",
+        ) from None
 
 
 @contextmanager
@@ -285,6 +306,15 @@ def graceful_stop() -> Iterator[StopRequest]:
 # ----------------------------------------------------------------------------- errors
 
 
+AUTH_HINT = (
+    "check ?user= in --servers and the password ($PYMETAQ_PASSWORD or ?password_file=); "
+    "see docs/security.md"
+)
+ACCESS_HINT = (
+    "the broker's [user=NAME] section grants publish/subscribe/groups/admin (docs/security.md)"
+)
+
+
 def describe_error(exc: BaseException) -> tuple[str, str | None, int] | None:
     """``(message, hint, exit code)`` for an error a person caused or can fix; None for a bug
     (which keeps its traceback)."""
@@ -307,6 +337,10 @@ def describe_error(exc: BaseException) -> tuple[str, str | None, int] | None:
         )
     if isinstance(exc, OffsetStoreError):
         return f"the offset store cannot be used: {exc}", None, 1
+    if isinstance(exc, AuthenticationFailed):
+        return str(exc), AUTH_HINT, 1
+    if isinstance(exc, AccessDenied):
+        return str(exc), ACCESS_HINT, 1
     if isinstance(exc, MetaClientError):
         return str(exc), None, 1
     if isinstance(exc, OSError) and exc.filename is not None:

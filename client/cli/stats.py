@@ -23,6 +23,7 @@ from pymetaq.client.cli.common import (
     meta_addresses,
     non_negative,
     print_json,
+    security_of,
 )
 from pymetaq.client.cli.wire import round_trip
 from pymetaq.client.protocol import ResultReply, StatsCommand
@@ -40,17 +41,19 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def fetch_stats(host: str, port: int, item: str = "", timeout: float = 10.0) -> ResultReply:
-    """One ``stats`` round trip."""
-    return round_trip(host, port, StatsCommand(item, 1), timeout)
+def fetch_stats(
+    host: str, port: int, item: str = "", timeout: float = 10.0, security: Any = None
+) -> ResultReply:
+    """One ``stats`` round trip (``security``: TLS / ``auth``, see ``common.security_of``)."""
+    return round_trip(host, port, StatsCommand(item, 1), timeout, security)
 
 
-def stats_lines(host: str, port: int, item: str, timeout: float) -> list[str]:
+def stats_lines(host: str, port: int, item: str, timeout: float, security: Any = None) -> list[str]:
     """The reply's lines (without ``STATS``/``END``); :class:`CommandError` if the broker
     cannot be reached or does not answer 200."""
     url = f"meta://{host}:{port}"
     try:
-        reply = fetch_stats(host, port, item, timeout)
+        reply = fetch_stats(host, port, item, timeout, security)
     except (OSError, ValueError) as exc:
         raise CommandError(f"cannot get stats from {url}: {exc}", NO_BROKER_HINT) from None
     text = reply.body.decode("utf-8", "replace")
@@ -71,9 +74,10 @@ def _value(text: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     brokers = meta_addresses(args, "stats")
+    security = security_of(args)
     docs = []
     for host, port in brokers:
-        lines = stats_lines(host, port, args.item, args.timeout)
+        lines = stats_lines(host, port, args.item, args.timeout, security)
         if args.json:
             doc: dict[str, Any] = {"server": f"meta://{host}:{port}"}
             if args.item == "config":

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymetaq.client.cli.common import add_servers_option, one_address
+from pymetaq.client.cli.common import add_servers_option, one_address, security_of
 from pymetaq.client.cli.wire import Session
 from pymetaq.client.protocol import StatsCommand
 
@@ -214,8 +214,9 @@ def add_parser(subparsers: Any) -> None:
 class Poller:
     """Polls one broker, reconnecting after a failure."""
 
-    def __init__(self, host: str, port: int, timeout: float) -> None:
+    def __init__(self, host: str, port: int, timeout: float, security: Any = None) -> None:
         self.host, self.port, self.timeout = host, port, timeout
+        self.security = security
         self.session: Session | None = None
         self.prev: Poll | None = None
         self.cur: Poll | None = None
@@ -224,7 +225,7 @@ class Poller:
     def step(self) -> None:
         try:
             if self.session is None:
-                self.session = Session(self.host, self.port, self.timeout)
+                self.session = Session(self.host, self.port, self.timeout, self.security)
             self.prev, self.cur = self.cur, poll(self.session)
             self.error = ""
         except (OSError, ValueError) as exc:
@@ -270,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print("pymetaq top: --interval must be positive", file=sys.stderr)
         return 2
-    poller = Poller(host, port, max(2.0, args.interval))
+    poller = Poller(host, port, max(2.0, args.interval), security_of(args))
     if args.once or not sys.stdout.isatty():
         poller.step()
         time.sleep(args.interval)  # a second poll one interval later: real rates

@@ -28,9 +28,10 @@ from pymetaq.client.cli.common import (
     meta_addresses,
     non_negative,
     print_json,
+    security_of,
     table,
 )
-from pymetaq.client.cli.stats import stats_lines
+from pymetaq.client.cli.stats import stats_lines as broker_stats
 from pymetaq.client.transport.servers import parse_stats
 
 
@@ -62,8 +63,14 @@ def _flag(section: dict[str, str], system: dict[str, str], key: str) -> bool:
     return section.get(key, system.get(key, "true")).lower() != "false"
 
 
-def broker_topics(host: str, port: int, timeout: float) -> list[dict[str, Any]]:
+def broker_topics(
+    host: str, port: int, timeout: float, security: Any = None
+) -> list[dict[str, Any]]:
     """The rows for one broker (see the module docstring)."""
+
+    def stats_lines(host: str, port: int, item: str, timeout: float) -> list[str]:
+        return broker_stats(host, port, item, timeout, security)
+
     general = parse_stats("\n".join(stats_lines(host, port, "", timeout)))
     broker = {"broker": f"meta://{host}:{port}", "broker_id": int(general.get("broker_id", -1))}
     sections = _sections("\n".join(stats_lines(host, port, "config", timeout)))
@@ -117,8 +124,9 @@ def broker_topics(host: str, port: int, timeout: float) -> list[dict[str, Any]]:
 def all_topics(args: argparse.Namespace, timeout: float = 10.0) -> list[dict[str, Any]]:
     """Every broker's rows (``--servers`` of ``args``), topics before patterns."""
     rows: list[dict[str, Any]] = []
+    security = security_of(args)
     for host, port in meta_addresses(args, "topics"):
-        rows.extend(broker_topics(host, port, timeout))
+        rows.extend(broker_topics(host, port, timeout, security))
     rows.sort(key=lambda r: (r["pattern"], r["topic"], r["broker_id"]))
     return rows
 

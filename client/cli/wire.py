@@ -1,5 +1,7 @@
-"""One request/reply round trip over a plain socket, for the command-line tools (``stats``,
-``admin``, ``top``): encode a command, read until one complete reply has been parsed.
+"""One request/reply round trip over a socket, for the command-line tools (``stats``,
+``admin``, ``top``): encode a command, read until one complete reply has been parsed.  With a
+:class:`~pymetaq.client.transport.security.ClientSecurity` the socket speaks TLS and sends
+``auth PLAIN`` first (a refusal raises :class:`~pymetaq.client.errors.AuthenticationFailed`).
 
 ``Session`` keeps one connection for repeated round trips (``top``); ``round_trip`` opens one
 per call.  Errors are ``OSError`` (connect, timeout, the broker closing) or ``ConnectionError``
@@ -12,16 +14,41 @@ from __future__ import annotations
 
 import socket
 
-from pymetaq.client.protocol import NEED_DATA, Command, Parser, ResultReply, Role, encode
+from pymetaq.client.errors import error_for_reply
+from pymetaq.client.protocol import (
+    NEED_DATA,
+    AuthCommand,
+    Command,
+    Parser,
+    ResultReply,
+    Role,
+    encode,
+)
+from pymetaq.client.transport.security import ClientSecurity
 
 
 class Session:
     """A connection to one broker for sequential round trips."""
 
-    def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
+    def __init__(
+        self, host: str, port: int, timeout: float = 10.0, security: ClientSecurity | None = None
+    ) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.parser = Parser(Role.CLIENT)
         self._opaque = 0
+        if security is None:
+            return
+        try:
+            ctx = security.context()
+            if ctx is not None:
+                self.sock = ctx.wrap_socket(self.sock, server_hostname=host)
+            if security.user:
+                reply = self.request(AuthCommand("PLAIN", security.auth_body(), 1))
+                if reply.code != 200:
+                    raise error_for_reply(reply.code, reply.body)
+        except BaseException:
+            self.sock.close()
+            raise
 
     def request(self, command: Command) -> ResultReply:
         self.sock.sendall(encode(command))
@@ -41,9 +68,16 @@ class Session:
         self.sock.close()
 
 
-def round_trip(host: str, port: int, command: Command, timeout: float = 10.0) -> ResultReply:
-    """Connect, send ``command``, return its reply, close."""
-    session = Session(host, port, timeout)
+def round_trip(
+    host: str,
+    port: int,
+    command: Command,
+    timeout: float = 10.0,
+    security: ClientSecurity | None = None,
+) -> ResultReply:
+    """Connect (TLS and ``auth`` as ``security`` asks), send ``command``, return its reply,
+    close."""
+    session = Session(host, port, timeout, security)
     try:
         return session.request(command)
     finally:

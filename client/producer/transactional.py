@@ -145,6 +145,7 @@ class Transactions:
             self._pool = TxConnections(
                 address_of(lambda: brokers.brokers), brokers.connect_timeout_s
             )
+            self._pool.security = brokers.security
         return self._pool
 
     # -- XAHost -----------------------------------------------------------------------------

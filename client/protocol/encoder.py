@@ -23,6 +23,7 @@ from pymetaq.client.protocol.model import (
     INT64_MAX,
     INT64_MIN,
     AdminCommand,
+    AuthCommand,
     BatchPutCommand,
     Event,
     GetCommand,
@@ -212,6 +213,13 @@ def _txadmin(cmd: TxAdminCommand) -> tuple[bytes, Body]:
     return _line("txadmin", cmd.op.value, _tx_key(cmd.tx_key), _i32(cmd.opaque, "opaque")), b""
 
 
+def _auth(cmd: AuthCommand) -> tuple[bytes, Body]:
+    body = _body(cmd.body, "auth body")
+    return _line(
+        "auth", _s(cmd.mechanism, "auth mechanism"), _len(body), _i32(cmd.opaque, "opaque")
+    ), body
+
+
 def _result(reply: ResultReply) -> tuple[bytes, Body]:
     body = _body(reply.body, "result body")
     return encode_result_header(reply.code, memoryview(body).nbytes, reply.opaque), body
@@ -234,6 +242,7 @@ _ENCODERS: dict[type, Callable[[Any], tuple[bytes, Body]]] = {
     TransactionCommand: _transaction,
     AdminCommand: _admin,
     TxAdminCommand: _txadmin,
+    AuthCommand: _auth,
     ResultReply: _result,
     ValueReply: _value,
 }

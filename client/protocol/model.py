@@ -245,6 +245,17 @@ class AdminCommand:
     opaque: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class AuthCommand:
+    """``auth <mechanism> <len> <opaque>\\r\\n<body>`` - pymetaq's authentication extension
+    (docs/security.md), sent once per connection before anything else.  ``PLAIN`` (RFC 4616):
+    body ``<authzid>\\0<user>\\0<password>`` (authzid empty)."""
+
+    mechanism: str
+    body: bytes
+    opaque: int = 0
+
+
 # --------------------------------------------------------------------------- replies
 
 
@@ -277,6 +288,7 @@ Command: TypeAlias = (
     | TxAdminCommand
     | SyncCommand
     | AdminCommand
+    | AuthCommand
 )
 Reply: TypeAlias = ResultReply | ValueReply
 Event: TypeAlias = Command | Reply

@@ -17,6 +17,7 @@ followed by a body when the verb carries a length token:
 | transaction | server | 5, 6, 7 | -          |                        |
 | admin    | server | 3 .. 8   | -            |                        |
 | txadmin  | server | 4        | -            |                        |
+| auth     | server | 4        | 2            | ``Limits.max_body``    |
 | result   | client | 4        | 2            | ``Limits.max_body``    |
 | value    | client | 3        | 1            | ``Limits.max_body``    |
 
@@ -57,6 +58,7 @@ from pymetaq.client.protocol.model import (
     INT64_MIN,
     MAX_OPAQUE,
     AdminCommand,
+    AuthCommand,
     BatchPutCommand,
     Event,
     GetCommand,
@@ -278,6 +280,11 @@ def _txadmin(t: Tokens, body: Body) -> TxAdminCommand:
     return TxAdminCommand(op, _tx_key(t[2]), _int(t[3], "opaque"))
 
 
+def _auth(t: Tokens, body: Body) -> AuthCommand:
+    _need(t, 4)
+    return AuthCommand(_str(t[1], "auth mechanism"), _body(body), _int(t[3], "opaque"))
+
+
 def _result(t: Tokens, body: Body) -> ResultReply:
     _need(t, 4)
     return ResultReply(_int(t[1], "code"), _body(body), _int(t[3], "opaque"))
@@ -307,6 +314,7 @@ _SERVER_VERBS: Final[dict[bytes, _Verb]] = {
     b"transaction": _Verb(_transaction),
     b"admin": _Verb(_admin),
     b"txadmin": _Verb(_txadmin),
+    b"auth": _Verb(_auth, 2),
 }
 _CLIENT_VERBS: Final[dict[bytes, _Verb]] = {
     b"result": _Verb(_result, 2),

@@ -12,6 +12,7 @@ one place.  The table (root ``/meta`` by default, MetaQ 1.4 ``MetaZookeeper``,
 | ``brokers/ids/<id>/master``                   | ephemeral                | ``meta://host:port``   |
 | ``brokers/ids/<id>/slave<n>``                 | ephemeral                | ``meta://host:port``   |
 | ``brokers/ids/<id>/master_config_checksum``   | ephemeral                | CRC32 of server.ini    |
+| ``brokers/ids/<id>/master_tls`` (pymetaq)     | ephemeral                | ``meta+tls://host:port`` |
 | ``brokers/topics/<topic>/<id>-m`` (``-s<n>``) | ephemeral (legacy)       | partition count text   |
 | ``brokers/topics-pub/<topic>/<id>-m``         | ephemeral, acceptPublish | TopicBroker JSON       |
 | ``brokers/topics-sub/<topic>/<id>-m``         | ephemeral, acceptSubscr. | TopicBroker JSON       |
@@ -48,6 +49,7 @@ DEFAULT_ROOT = "/meta"
 DEFAULT_PORT = 2181
 ZK_SCHEME = "zk://"
 META_SCHEME = "meta://"
+META_TLS_SCHEME = "meta+tls://"
 MASTER_SUFFIX = "m"
 CHECKSUM_NODE = "master_config_checksum"
 MAX_NAME_LENGTH = 255
@@ -157,12 +159,14 @@ def meta_url(host: str, port: int) -> str:
 
 
 def parse_meta_url(value: str | bytes) -> tuple[str, int]:
-    """``meta://host:port`` -> (host, port); ValueError otherwise."""
+    """``meta://host:port`` (or pymetaq's ``meta+tls://host:port``) -> (host, port); ValueError
+    otherwise."""
     text = value.decode("utf-8") if isinstance(value, bytes) else value
     text = text.strip()
-    if not text.startswith(META_SCHEME):
+    scheme = META_TLS_SCHEME if text.startswith(META_TLS_SCHEME) else META_SCHEME
+    if not text.startswith(scheme):
         raise ValueError(f"not a meta:// address: {text!r}")
-    host, sep, port = text[len(META_SCHEME) :].rpartition(":")
+    host, sep, port = text[len(scheme) :].rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"bad meta:// address: {text!r}")
     return host.strip("[]"), int(port)
@@ -264,6 +268,11 @@ class ZkPaths:
 
     def broker_master(self, broker_id: int) -> str:
         return self._p("brokers", "ids", str(broker_id), "master")
+
+    def broker_master_tls(self, broker_id: int) -> str:
+        """pymetaq: the master's TLS listener, ``meta+tls://host:port`` (MetaQ reads only
+        ``master`` and ``slave<n>`` children, so it ignores this node)."""
+        return self._p("brokers", "ids", str(broker_id), "master_tls")
 
     def broker_slave(self, broker_id: int, slave_id: int) -> str:
         return self._p("brokers", "ids", str(broker_id), f"slave{slave_id}")

@@ -56,6 +56,7 @@ from pymetaq.client.transaction.errors import (
 )
 from pymetaq.client.transaction.wire import local_request, tx_command
 from pymetaq.client.transport.connection import BrokerConnection, Reply
+from pymetaq.client.transport.security import ClientSecurity
 from pymetaq.client.types import TopicPartition
 
 T = TypeVar("T")
@@ -73,6 +74,7 @@ class TxConnections:
     ) -> None:
         self._address_of = address_of
         self._connect_timeout_s = connect_timeout_s
+        self.security: ClientSecurity | None = None  # the producer's BrokerSet's
         self._max_idle = max_idle_per_broker
         self._idle: dict[int, list[BrokerConnection]] = {}
         self._owner: dict[BrokerConnection, int] = {}
@@ -87,7 +89,9 @@ class TxConnections:
             if not conn.closed:
                 return conn
         host, port = self._address_of(broker_id)
-        conn = await BrokerConnection.open(host, port, connect_timeout_s=self._connect_timeout_s)
+        conn = await BrokerConnection.open(
+            host, port, connect_timeout_s=self._connect_timeout_s, security=self.security
+        )
         if self.closed:
             conn.close()
             raise ClientClosed("producer closed")

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pymetaq.client.errors import (
+    AuthenticationFailed,
     ClientClosed,
     MetaClientError,
     NoBrokerAvailable,
@@ -41,6 +42,7 @@ from pymetaq.client.transport.connection import (
     BrokerConnection,
     raise_for_reply,
 )
+from pymetaq.client.transport.security import NO_SECURITY, client_security
 from pymetaq.client.transport.servers import parse_servers, parse_stats
 from pymetaq.client.types import TopicPartition
 
@@ -64,7 +66,9 @@ class _Broker:
 
     @property
     def address(self) -> str:
-        return f"meta://{self.host}:{self.port}"
+        return (
+            f"meta://{self.host}:{self.port}"  # an id for ZooKeeper/stats: the scheme is the set's
+        )
 
 
 class BrokerSet:
@@ -79,12 +83,15 @@ class BrokerSet:
         metadata_max_age_s: float = 30.0,
     ) -> None:
         pairs: list[tuple[str, int]] = []
+        #: TLS and credentials of every connection (``meta+tls://``, ``?user=``: .security)
+        self.security = NO_SECURITY
         if servers is None:  # a subclass fills the set (ZooKeeper)
             pass
         elif isinstance(servers, list) and servers and isinstance(servers[0], tuple):
             pairs = [(str(h), int(p)) for h, p in servers]
         else:
             pairs = parse_servers(servers)  # type: ignore[arg-type,unused-ignore]
+            self.security = client_security(servers)  # type: ignore[arg-type,unused-ignore]
         self._brokers = [_Broker(h, p) for h, p in pairs]
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -106,6 +113,9 @@ class BrokerSet:
             *(self._ensure(b) for b in self._brokers), return_exceptions=True
         )
         if not any(isinstance(r, BrokerConnection) for r in results):
+            for r in results:  # refused credentials: say so, retrying cannot help
+                if isinstance(r, AuthenticationFailed):
+                    raise r
             errors = "; ".join(str(r) for r in results)
             raise NoBrokerAvailable(f"no broker reachable: {errors}")
 
@@ -118,7 +128,7 @@ class BrokerSet:
             if b.conn is not None and not b.conn.closed:
                 return b.conn
             conn = await BrokerConnection.open(
-                b.host, b.port, connect_timeout_s=self.connect_timeout_s
+                b.host, b.port, connect_timeout_s=self.connect_timeout_s, security=self.security
             )
             try:
                 reply = raise_for_reply(

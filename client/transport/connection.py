@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar
 
@@ -41,6 +42,7 @@ from pymetaq.client.errors import (
 )
 from pymetaq.client.protocol import (
     NEED_DATA,
+    AuthCommand,
     Limits,
     Parser,
     ProtocolError,
@@ -50,6 +52,7 @@ from pymetaq.client.protocol import (
     encode,
     encode_parts,
 )
+from pymetaq.client.transport.security import NO_SECURITY, ClientSecurity
 
 T = TypeVar("T")
 Reply: TypeAlias = ResultReply | ValueReply
@@ -115,6 +118,7 @@ class BrokerConnection:
         self._paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
         self._error: MetaClientError | None = None
+        self.scheme = "meta"
 
     def __repr__(self) -> str:
         return f"BrokerConnection({self.host}:{self.port}, pending={len(self._pending)})"
@@ -127,25 +131,54 @@ class BrokerConnection:
         *,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         limits: Limits | None = None,
+        security: ClientSecurity | None = None,
     ) -> BrokerConnection:
         """Connect (raises :class:`NoBrokerAvailable` on refusal or after ``connect_timeout_s``).
 
         ``limits`` bounds reply sizes (default: a 1 MiB ``maxTransferSize``); a consumer that
-        fetches more per ``get`` passes ``Limits.for_transfer_size(n)``.
+        fetches more per ``get`` passes ``Limits.for_transfer_size(n)``.  ``security``
+        (:mod:`.security`): TLS (the handshake is part of the connect), then ``auth PLAIN`` when
+        it names a user (:class:`AuthenticationFailed` if refused).
         """
         loop = asyncio.get_running_loop()
         conn = cls(host, port, loop, limits)
+        sec = security or NO_SECURITY
+        try:
+            ctx = sec.context()
+        except (OSError, ssl.SSLError) as e:
+            raise NoBrokerAvailable(f"cannot load the TLS files: {e}") from None
+        if ctx is not None:
+            conn.scheme = "meta+tls"
         try:
             async with asyncio.timeout(connect_timeout_s):
-                transport, _ = await loop.create_connection(lambda: _Protocol(conn), host, port)
+                transport, proto = await loop.create_connection(lambda: _Protocol(conn), host, port)
+                if ctx is not None:  # start_tls closes the socket if the handshake fails
+                    tls = await loop.start_tls(transport, proto, ctx, server_hostname=host)
+                    assert tls is not None
+                    transport = tls
         except TimeoutError:
             raise NoBrokerAvailable(f"connect to {host}:{port} timed out") from None
-        except OSError as e:
+        except ssl.SSLCertVerificationError as e:
+            raise NoBrokerAvailable(
+                f"TLS handshake with {host}:{port} failed: certificate verify failed: "
+                f"{e.verify_message or e.reason}"
+            ) from None
+        except (OSError, ssl.SSLError) as e:
             raise NoBrokerAvailable(f"cannot connect to {host}:{port}: {e}") from None
         assert isinstance(transport, asyncio.Transport)
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         conn._transport = transport
+        if sec.user:
+            await conn._authenticate(sec, connect_timeout_s)
         return conn
+
+    async def _authenticate(self, sec: ClientSecurity, timeout_s: float) -> None:
+        try:
+            reply = await self.request(AuthCommand("PLAIN", sec.auth_body()), timeout_s)
+            raise_for_reply(reply)
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def closed(self) -> bool:
@@ -153,7 +186,7 @@ class BrokerConnection:
 
     @property
     def address(self) -> str:
-        return f"meta://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     @property
     def pending(self) -> int:
@@ -215,7 +248,10 @@ class BrokerConnection:
         """Close the transport and fail every pending request with ConnectionLost."""
         self._fail(ClientClosed(f"connection to {self.address} closed"))
         if self._transport is not None:
-            self._transport.close()
+            if self.scheme == "meta":
+                self._transport.close()
+            else:  # TLS: no close_notify exchange (it can outlive the client's loop)
+                self._transport.abort()
 
     # --- internals (loop thread) ---
 

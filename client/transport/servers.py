@@ -1,7 +1,7 @@
 """Pure helpers for server lists and ``stats`` replies (no I/O, no codec import).
 
 ``parse_servers("meta://h:p,meta://h2:p2")`` -> ``[("h", p), ("h2", p2)]``: ``meta://`` may be
-omitted, IPv6 is written ``meta://[::1]:8123``, duplicates are dropped; a bad entry raises
+omitted or be ``meta+tls://`` (TLS; options after ``?``: :mod:`.security`), IPv6 is written ``meta://[::1]:8123``, duplicates are dropped; a bad entry raises
 ``ValueError`` naming it.  ``servers`` may instead be one ZooKeeper URL,
 ``zk://host:port[,host:port][/root]`` (:func:`zk_servers` tells; the producer and the consumer
 then discover their brokers there: :mod:`pymetaq.client.transport.zkbrokers`); inside a
@@ -19,7 +19,7 @@ import re
 ZK_SCHEME = "zk://"
 
 _SERVER_RE = re.compile(
-    r"^(?:meta://)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:/\[\]]+)):(?P<port>\d+)/?$"
+    r"^(?:meta(?:\+tls)?://)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:/\[\]]+)):(?P<port>\d+)/?$"
 )
 
 
@@ -36,7 +36,10 @@ def zk_servers(servers: str | list[str] | tuple[str, ...]) -> str | None:
 
 def parse_servers(servers: str | list[str] | tuple[str, ...]) -> list[tuple[str, int]]:
     """Parse ``"meta://host:port[,meta://host:port...]"`` (or a list of such) into pairs."""
-    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    if isinstance(servers, str):
+        items = servers.partition("?")[0].split(",")  # options: transport/security.py
+    else:
+        items = [s.partition("?")[0] for s in servers]
     out: list[tuple[str, int]] = []
     for raw in items:
         entry = raw.strip()

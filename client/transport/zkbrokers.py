@@ -37,6 +37,8 @@ reach it through ``call_soon_threadsafe``.  ``zk`` (the kazoo client) is thread-
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -55,6 +57,13 @@ from pymetaq.client.transport.connection import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
     BrokerConnection,
+)
+from pymetaq.client.transport.security import (
+    NO_SECURITY,
+    TLS_SCHEME,
+    ClientSecurity,
+    client_security,
+    split_options,
 )
 from pymetaq.client.transport.servers import zk_servers
 from pymetaq.client.types import TopicPartition
@@ -79,9 +88,13 @@ def open_broker_set(
     (``prefer_slaves``: a ``zk://`` consumer reads from a broker's slave when one is registered)."""
     zk = zk_servers(servers)
     if zk is not None:
+        head, query = split_options(zk)
+        # options on a zk:// URL (ca=, cert=, user=...) select the brokers' TLS listeners
+        security = client_security(f"{TLS_SCHEME}zk:1?{query}") if query else NO_SECURITY
         return ZkBrokerSet(
-            parse_zk_url(zk),
+            parse_zk_url(head),
             side=side,
+            security=security,
             connect_timeout_s=connect_timeout_s,
             request_timeout_s=request_timeout_s,
             metadata_max_age_s=metadata_max_age_s,
@@ -114,6 +127,7 @@ class ZkBrokerSet(BrokerSet):
         metadata_max_age_s: float = 30.0,
         session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
         prefer_slaves: bool = False,
+        security: ClientSecurity = NO_SECURITY,
     ) -> None:
         super().__init__(
             None,
@@ -122,6 +136,7 @@ class ZkBrokerSet(BrokerSet):
             metadata_max_age_s=metadata_max_age_s,
         )
         self.url = url
+        self.security = security
         self.side: Side = side
         self.prefer_slaves = prefer_slaves
         self._owns_client = client is None
@@ -184,10 +199,31 @@ class ZkBrokerSet(BrokerSet):
                 log.warning("closing the ZooKeeper client failed: %r", e)
 
     # -- registry changes (loop thread) -------------------------------------------------------
+    def _tls_addresses(self, brokers: dict[int, str]) -> dict[int, str]:
+        """(ZooKeeper thread) With TLS, each broker's ``master_tls`` address instead of its
+        plain one; a broker without a TLS listener is left out (logged)."""
+        if not self.security.tls:
+            return brokers
+        out: dict[int, str] = {}
+        for bid, url in brokers.items():
+            raw = None
+            with contextlib.suppress(Exception):  # no node, or the session is down
+                raw = self.zk.get(self.url.paths.broker_master_tls(bid))[0]
+            if raw:
+                out[bid] = raw.decode().strip()
+            else:
+                log.warning("broker %d (%s) registered no TLS listener: not used", bid, url)
+        return out
+
+    def _masters(self) -> dict[int, str]:
+        return self._tls_addresses(read_masters(self.zk, self.url.paths))
+
     def _on_change_threadsafe(self, view: TopicView) -> None:
         loop = self._loop
         if loop is None or self._closed:
             return
+        if self.security.tls:
+            view = dataclasses.replace(view, brokers=self._tls_addresses(dict(view.brokers)))
         try:
             loop.call_soon_threadsafe(self._apply_view, view)
         except RuntimeError:  # the loop is closed: the client is closing
@@ -217,7 +253,7 @@ class ZkBrokerSet(BrokerSet):
         ``brokers/ids`` once (a retired or unknown broker fails at once)."""
         if broker_id not in self._seen and self._discovery is not None:
             self._seen.add(broker_id)
-            masters = await asyncio.to_thread(read_masters, self.zk, self.url.paths)
+            masters = await asyncio.to_thread(self._masters)
             if broker_id in masters:
                 self._looked_up[broker_id] = masters[broker_id]
                 self._reconcile()
@@ -378,7 +414,7 @@ class ZkBrokerSet(BrokerSet):
         """A topic with no registry entry: ask the registered masters (pattern topics)."""
         paths = self.url.paths
         path = paths.topic_pub(topic) if self.side == "pub" else paths.topic_sub(topic)
-        masters = await asyncio.to_thread(read_masters, self.zk, self.url.paths)
+        masters = await asyncio.to_thread(self._masters)
         self._unregistered[topic] = masters
         self._reconcile()
         try:

@@ -57,7 +57,20 @@ async def start_dashboard(broker: Broker, dispatcher: Dispatcher) -> Dashboard |
     loop = asyncio.get_running_loop()
     rates = RateSampler(loop, lambda: views.totals(broker, dispatcher))
     app = DashboardApp(broker, dispatcher, rates)
-    server = HttpServer(app, system.dashboard_http_host, system.dashboard_http_port)
+    security = broker.config.security
+    gate = None
+    if security.enable:
+        from pymetaq.server.security.http import HttpGate
+
+        gate = HttpGate(dispatcher.guard)
+    ctx = None
+    if security.http_tls:
+        from pymetaq.server.security.tls import server_context
+
+        ctx = server_context(security)
+    server = HttpServer(
+        app, system.dashboard_http_host, system.dashboard_http_port, ssl=ctx, gate=gate
+    )
     try:
         await server.start()
     except OSError as exc:
@@ -68,5 +81,12 @@ async def start_dashboard(broker: Broker, dispatcher: Dispatcher) -> Dashboard |
             "turn the HTTP port off)"
         ) from exc
     rates.start()
-    log.info("dashboard and /metrics on http://%s:%d/", system.dashboard_http_host, server.port)
+    scheme = "https" if ctx is not None else "http"
+    log.info(
+        "dashboard and /metrics on %s://%s:%d/%s",
+        scheme,
+        system.dashboard_http_host,
+        server.port,
+        " (admin identities only)" if gate is not None else "",
+    )
     return Dashboard(server, rates)

@@ -15,7 +15,9 @@
 | GET ``/static/<file>``     | ``dashboard.css``, ``dashboard.js``, ``favicon.svg`` (package data) |
 
 The reload is a state change, so it is guarded three ways: the peer must be a loopback address
-(until the broker authenticates clients), the form must carry the page's CSRF token (random
+(with ``[security] enable=true``: an admin identity instead, checked by the gate of
+:mod:`pymetaq.server.security.http` before any route; the config page's secrets are redacted
+either way), the form must carry the page's CSRF token (random
 per broker process, compared in constant time), and a browser's ``Origin`` (or
 ``Sec-Fetch-Site``) must say the request comes from the dashboard itself.  Refusals are
 ``403`` with the reason.
@@ -43,6 +45,7 @@ from pymetaq.server.monitor import views
 from pymetaq.server.monitor.metrics import registry_for
 from pymetaq.server.monitor.ops import is_loopback
 from pymetaq.server.monitor.rates import RateSampler
+from pymetaq.server.security.config import redact
 
 if TYPE_CHECKING:
     from pymetaq.server.broker import Broker
@@ -63,12 +66,19 @@ def _static(name: str) -> bytes:
 class DashboardApp:
     """Routes requests to the pages, the JSON, ``/metrics`` and the reload."""
 
+    #: ``[security] enable=true`` (the gate has checked an admin identity: no loopback rule)
+    secured = False
+    #: ``[security] httpTls=true`` (a browser's ``Origin`` is ``https://...``)
+    https = False
+
     def __init__(self, broker: Broker, dispatcher: Dispatcher, rates: RateSampler) -> None:
         self.broker = broker
         self.dispatcher = dispatcher
         self.rates = rates
         self.registry = registry_for(broker, dispatcher)
         self.token = secrets.token_urlsafe(32)
+        self.secured = broker.config.security.enable
+        self.https = broker.config.security.http_tls
         self.last_reload = ""
         self._static = {name: _static(name) for name in STATIC}
         self._get: dict[str, Callable[[Request], Response]] = {
@@ -132,7 +142,8 @@ class DashboardApp:
         return Response(200, pages.groups_page(self._ov(), groups), HTML)
 
     def _config(self, request: Request) -> Response:
-        body = pages.config_page(self._ov(), self.broker.config.text, self.token, self.last_reload)
+        text = redact(self.broker.config.text)
+        body = pages.config_page(self._ov(), text, self.token, self.last_reload)
         return Response(200, body, HTML, [("Cache-Control", "no-store")])
 
     def _stats(self, request: Request, item: str = "") -> Response:
@@ -176,7 +187,7 @@ class DashboardApp:
 
     def refusal(self, request: Request) -> str | None:
         """Why a state-changing request must be refused, or None."""
-        if not is_loopback(request.peer):
+        if not self.secured and not is_loopback(request.peer):  # else: the gate's admin
             return "the reload is allowed only from this host (a loopback address)"
         token = request.form().get("token", "") or request.headers.get("x-csrf-token", "")
         if not hmac.compare_digest(token.encode(), self.token.encode()):
@@ -186,7 +197,8 @@ class DashboardApp:
             return f"cross-site request refused (Sec-Fetch-Site: {site})"
         origin = request.headers.get("origin")
         host = request.headers.get("host", "")
-        if origin is not None and origin != f"http://{host}":
+        scheme = "https" if self.https else "http"
+        if origin is not None and origin != f"{scheme}://{host}":
             return f"cross-origin request refused (Origin: {origin})"
         return None
 

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl as ssl_module
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+
+from pymetaq.server.security.tls import certificate_name
 
 log = logging.getLogger("pymetaq.server.http")
 
@@ -50,6 +53,8 @@ class Request:
     headers: dict[str, str]  # lower-case names
     body: bytes
     peer: str
+    #: the subject CN of a verified client certificate (HTTPS with client certificates)
+    cert_name: str | None = None
 
     def arg(self, name: str, default: str = "") -> str:
         values = self.query.get(name)
@@ -70,6 +75,8 @@ class Response:
 
 
 App = Callable[[Request], Response]
+#: the security gate (:mod:`pymetaq.server.security.http`): a refusal, or None to answer
+Gate = Callable[[Request], Awaitable[Response | None]]
 
 
 def _plain(status: int, text: str = "") -> Response:
@@ -162,16 +169,32 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
 class HttpServer:
     """Listens on (host, port) and answers with ``app``."""
 
-    def __init__(self, app: App, host: str, port: int) -> None:
+    def __init__(
+        self,
+        app: App,
+        host: str,
+        port: int,
+        *,
+        ssl: ssl_module.SSLContext | None = None,
+        gate: Gate | None = None,
+    ) -> None:
         self.app = app
         self.host = host
         self.port = port
+        self.ssl = ssl
+        self.gate = gate
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._serve, self.host, self.port, limit=MAX_HEAD, reuse_address=True
+            self._serve,
+            self.host,
+            self.port,
+            limit=MAX_HEAD,
+            reuse_address=True,
+            ssl=self.ssl,
+            ssl_handshake_timeout=HEAD_TIMEOUT_S if self.ssl is not None else None,
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -229,7 +252,13 @@ class HttpServer:
         if length:
             request.body = await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT_S)
         keep = keep and not last
-        writer.write(render(self._answer(request), keep=keep, head_only=request.method == "HEAD"))
+        response = None
+        if self.gate is not None:
+            request.cert_name = certificate_name(writer.get_extra_info("peercert"))
+            response = await self.gate(request)
+        if response is None:
+            response = self._answer(request)
+        writer.write(render(response, keep=keep, head_only=request.method == "HEAD"))
         await writer.drain()
         return keep
 

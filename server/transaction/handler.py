@@ -145,7 +145,8 @@ class TxHandler:
 
     # -- operators -----------------------------------------------------------------------------
     def on_admin(self, conn: Connection, cmd: TxAdminCommand) -> None:
-        if not _loopback(conn):
+        # with [security] enable=true the dispatcher has checked the admin right instead
+        if not conn.dispatcher.guard.enabled and not _loopback(conn):
             conn.result(403, ADMIN_ONLY_LOOPBACK, cmd.opaque)
             return
         reply = self._reply(conn, cmd.opaque)
