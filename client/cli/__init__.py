@@ -1,5 +1,5 @@
 """The client's ``pymetaq`` subcommands: ``produce``, ``consume``, ``offsets``, ``topics``,
-``stats``, ``top``, ``admin``, ``cluster`` (what they share — servers, offset stores, output,
+``stats``, ``top``, ``admin``, ``cluster``, ``tail`` (what they share — servers, offset stores, output,
 errors — is in ``common``).
 
 ``pymetaq.server.cli`` (which keeps ``main()``) imports this package and the server's own
@@ -13,10 +13,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from pymetaq.client.cli import admin, cluster, consume, offsets, produce, stats, top, topics
+from pymetaq.client.cli import (
+    admin,
+    cluster,
+    consume,
+    offsets,
+    produce,
+    stats,
+    tail,
+    top,
+    topics,
+)
 
 
 def add_parsers(subparsers: Any) -> None:
     """Register every client command on an ``ArgumentParser``'s subparsers."""
-    for command in (produce, consume, offsets, topics, stats, top, admin, cluster):
+    for command in (produce, consume, offsets, topics, stats, top, admin, cluster, tail):
         command.add_parser(subparsers)
