@@ -5,6 +5,7 @@ pymetaq tail --config FILE [--servers URLS]
 pymetaq tail --topic T [--servers URLS] [--checkpoint FILE] [--multiline-start REGEX]
              [--encoding CHARSET] [--compression lz4] [--no-ordered] [--no-attributes]
              [--start-position beginning|end] PATH_OR_GLOB...
+(both: [--once] [--quiet])
 ```
 
 * ``--config``: the INI file (tail4j's layout) or ``.toml`` with the same sections, one
@@ -12,7 +13,9 @@ pymetaq tail --topic T [--servers URLS] [--checkpoint FILE] [--multiline-start R
   ``[meta] server_url``.
 * The flags describe one source: the paths/globs to follow, the topic, the checkpoint
   (default ``~/.pymetaq_tail/<topic>.json``).
-* Runs until Ctrl-C / SIGTERM: then it waits for what is in flight, writes the checkpoint and
+* ``--once``: exit when every file is read to its end (a last line without its newline is
+  left for the next run) and every line is acknowledged; else it runs until Ctrl-C / SIGTERM:
+  then it waits for what is in flight, writes the checkpoint and
   prints ``shipped N lines`` on stderr (exit 0). A bad flag or config is exit 2, a broker that
   cannot be reached or an unknown topic at start exit 1; later failures are retried.
 
@@ -63,6 +66,11 @@ def add_parser(subparsers: Any) -> None:
         help="host=...;file=... in each message's attribute (default)",
     )
     p.add_argument("--start-position", choices=["beginning", "end"], default="beginning")
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="exit once every file is read to its end and every line acknowledged",
+    )
     p.add_argument("--quiet", action="store_true", help="log warnings only")
     p.set_defaults(func=run)
 
@@ -121,7 +129,7 @@ def run(args: argparse.Namespace, err: IO[str] | None = None) -> int:
     logger = logging.getLogger("pymetaq.tail")
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING if args.quiet else logging.INFO)
-    agent = TailAgent(cfg, servers)
+    agent = TailAgent(cfg, servers, once=args.once)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if agent.stopping:
@@ -143,5 +151,6 @@ def run(args: argparse.Namespace, err: IO[str] | None = None) -> int:
         for sig, old in previous.items():
             signal.signal(sig, old)
         logger.removeHandler(handler)
-    err.write(f"shipped {agent.acked_lines():,} lines\n")
+    n = agent.acked_lines()
+    err.write(f"shipped {n:,} line{'' if n == 1 else 's'}\n")
     return 0

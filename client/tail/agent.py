@@ -30,7 +30,9 @@ BACKOFF_MAX_S = 30.0
 
 
 class TailAgent:
-    def __init__(self, cfg: AgentConfig, servers: str, host: str | None = None) -> None:
+    def __init__(
+        self, cfg: AgentConfig, servers: str, host: str | None = None, once: bool = False
+    ) -> None:
         self.cfg = cfg
         self.servers = servers
         self.host = host or socket.gethostname()
@@ -40,6 +42,8 @@ class TailAgent:
         self._backoff = [BACKOFF_MIN_S] * len(cfg.sources)
         #: lines sent / acknowledged by sources that were closed (restarts)
         self.lines_done = 0
+        #: stop once every file is read to its end and every line acknowledged
+        self.once = once
 
     def stop(self) -> None:
         self._stop.set()
@@ -90,7 +94,8 @@ class TailAgent:
             self.lines_done += src.stats.acked_lines
 
     def run(self) -> None:
-        """Run until :meth:`stop`; then send what is read, checkpoint, close."""
+        """Run until :meth:`stop` (or, ``once``, until every source is caught up); then send
+        what is read, checkpoint, close."""
         try:
             while not self._stop.is_set():
                 busy = False
@@ -109,6 +114,12 @@ class TailAgent:
                         self._backoff[i] = BACKOFF_MIN_S
                     except (MetaClientError, SendFailed, TimeoutError) as e:
                         self._failed(i, e)
+                if (
+                    not busy
+                    and self.once
+                    and all(s is not None and s.caught_up() for s in self.sources)
+                ):
+                    break
                 if not busy:
                     live = [s for s in self.sources if s is not None and s.inflight]
                     if live:

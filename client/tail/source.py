@@ -205,6 +205,10 @@ class Source:
         self._save()
         return sent
 
+    def caught_up(self) -> bool:
+        """Nothing in flight and (after a cycle that sent nothing) nothing whole left to read."""
+        return self.inflight == 0 and not any(self.by_part.values())
+
     def wait_acks(self, timeout_s: float) -> None:
         """Block until the oldest chunk in flight is answered (or ``timeout_s``)."""
         oldest = next((q[0] for q in self.by_part.values() if q), None)
