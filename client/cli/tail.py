@@ -14,7 +14,7 @@ pymetaq tail --topic T [--servers URLS] [--checkpoint FILE] [--multiline-start R
 * The flags describe one source: the paths/globs to follow, the topic, the checkpoint
   (default ``~/.pymetaq_tail/<topic>.json``).
 * ``--once``: exit when every file is read to its end (a last line without its newline is
-  left for the next run) and every line is acknowledged; else it runs until Ctrl-C / SIGTERM:
+  left for the next run; a last multi-line record is sent after ``multiline_timeout``) and every line is acknowledged; else it runs until Ctrl-C / SIGTERM:
   then it waits for what is in flight, writes the checkpoint and
   prints ``shipped N lines`` on stderr (exit 0). A bad flag or config is exit 2, a broker that
   cannot be reached or an unknown topic at start exit 1; later failures are retried.

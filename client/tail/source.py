@@ -206,8 +206,19 @@ class Source:
         return sent
 
     def caught_up(self) -> bool:
-        """Nothing in flight and (after a cycle that sent nothing) nothing whole left to read."""
-        return self.inflight == 0 and not any(self.by_part.values())
+        """Nothing in flight and (after a cycle that sent nothing) nothing whole left to read;
+        with multi-line records, a file's last record is sent first (after
+        ``multiline_timeout`` without growth)."""
+        if self.inflight or any(self.by_part.values()):
+            return False
+        if self.start_rx is not None:
+            now = time.monotonic()
+            for f in self.files.values():
+                if f.pos < f.size() and (
+                    not f.idle_since or now - f.idle_since < self.cfg.multiline_timeout_s
+                ):
+                    return False
+        return True
 
     def wait_acks(self, timeout_s: float) -> None:
         """Block until the oldest chunk in flight is answered (or ``timeout_s``)."""

@@ -148,3 +148,30 @@ def test_cli_user_errors(tmp_path: Path) -> None:
     out = _cli("--topic", "bad topic!", "/x")
     assert out.returncode == 2 and out.stderr.startswith("pymetaq tail: ")
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.integration
+def test_once_ships_multiline_records_and_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+    from tests._broker import BrokerProcess
+    from tests.client._helpers import fetch_all
+
+    log = tmp_path / "app.log"
+    log.write_bytes(b"2024-01 start\n2024-02 boom\n  at a()\n  at b()\n2024-03 last\n  tail\n")
+    with BrokerProcess.start(tmp_path / "b", topics={"logs": {}}) as broker:
+        args = ["--servers", f"meta://{broker.host}:{broker.port}", "--topic", "logs",
+                "--checkpoint", str(tmp_path / "cp.json"), "--multiline-start", r"\d{4}-",
+                "--once", str(log)]  # fmt: skip
+        out = _cli(*args)
+        assert out.returncode == 0, out.stderr
+        assert out.stderr.endswith("shipped 3 lines\n")
+        with open(log, "ab") as f:
+            f.write(b"2024-04 more\n")
+        out = _cli(*args)
+        assert out.returncode == 0 and out.stderr.endswith("shipped 1 line\n"), out.stderr
+        values = [m.value for m in fetch_all(broker.address, "logs", 0)]
+    assert values == [
+        b"2024-01 start",
+        b"2024-02 boom\n  at a()\n  at b()",
+        b"2024-03 last\n  tail",
+        b"2024-04 more",
+    ]
