@@ -1,5 +1,6 @@
 """The client's ``pymetaq`` subcommands: ``produce``, ``consume``, ``offsets``, ``topics``,
-``stats``, ``top``, ``admin``, ``cluster``, ``verify`` (two replicas compared) (what they share — servers, offset stores, output,
+``stats``, ``top``, ``admin``, ``cluster``, ``verify`` (two replicas compared), ``tail`` (log
+shipping) (what they share — servers, offset stores, output,
 errors — is in ``common``).
 
 ``pymetaq.server.cli`` (which keeps ``main()``) imports this package and the server's own
@@ -20,6 +21,7 @@ from pymetaq.client.cli import (
     offsets,
     produce,
     stats,
+    tail,
     top,
     topics,
     verify,
@@ -28,5 +30,5 @@ from pymetaq.client.cli import (
 
 def add_parsers(subparsers: Any) -> None:
     """Register every client command on an ``ArgumentParser``'s subparsers."""
-    for command in (produce, consume, offsets, topics, stats, top, admin, cluster, verify):
+    for command in (produce, consume, offsets, topics, stats, top, admin, cluster, verify, tail):
         command.add_parser(subparsers)
