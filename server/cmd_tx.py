@@ -6,7 +6,8 @@
   accepted by the broker from a loopback address only); the branch's coordinator later gets
   XA_HEURCOM / XA_HEURRB for it, until ``forget KEY`` (or the coordinator's FORGET).
 
-``--server`` takes ``meta://host:port`` (or ``host:port``); exit code 0 on success, 1 when the
+``--servers`` (``--server``) names the broker: ``meta://host:port``, ``host:port``, or a
+``zk://`` registry with one master (default ``$PYMETAQ_SERVERS``, else 127.0.0.1:8123); exit code 0 on success, 1 when the
 broker refuses or cannot be reached (with its reason on stderr, no traceback).
 
 Thread-safety: a process entry point.
@@ -15,21 +16,12 @@ Thread-safety: a process entry point.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from typing import Any
 
-from pymetaq.client.protocol import (
-    NEED_DATA,
-    Parser,
-    ResultReply,
-    Role,
-    StatsCommand,
-    TxAdminCommand,
-    TxAdminOp,
-    encode,
-    parse_tx_key,
-)
+from pymetaq.client.cli.common import add_servers_option, one_address, print_json
+from pymetaq.client.cli.wire import round_trip
+from pymetaq.client.protocol import StatsCommand, TxAdminCommand, TxAdminOp, parse_tx_key
 from pymetaq.client.protocol.errors import InvalidTxKey
 
 XA_NAMES = {
@@ -56,39 +48,10 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("action", choices=("list", "commit", "rollback", "forget"))
     p.add_argument("key", nargs="?", help="the XA key (XID:<formatId>:<gtrid>:<bqual>:<qualifier>)")
-    p.add_argument(
-        "--server", default="meta://127.0.0.1:8123", help="meta://host:port (default %(default)s)"
-    )
+    add_servers_option(p)
+    p.add_argument("--json", action="store_true", help="list: print JSON")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds (default %(default)s)")
     p.set_defaults(func=run)
-
-
-def parse_server(text: str) -> tuple[str, int]:
-    """``meta://host:port`` or ``host:port`` -> (host, port); ValueError with a clear reason."""
-    rest = text[len("meta://") :] if text.startswith("meta://") else text
-    if "://" in rest:
-        raise ValueError(f"{text!r}: tx commands need meta://host:port")
-    if "," in rest:
-        raise ValueError(f"{text!r}: give one broker (transactions live on one broker)")
-    host, sep, port = rest.rstrip("/").rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r}: expected meta://host:port")
-    return host or "127.0.0.1", int(port)
-
-
-def call(address: tuple[str, int], request: Any, timeout: float) -> ResultReply:
-    """One request, one ``result`` reply."""
-    parser = Parser(Role.CLIENT)
-    with socket.create_connection(address, timeout=timeout) as sock:
-        sock.sendall(encode(request))
-        while (event := parser.next_event()) is NEED_DATA:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("the broker closed the connection before replying")
-            parser.feed(chunk)
-    if not isinstance(event, ResultReply):
-        raise ConnectionError(f"unexpected reply {event!r}")
-    return event
 
 
 def describe_error(body: bytes) -> str:
@@ -129,8 +92,8 @@ def table(data: list[tuple[str, ...]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     prog = f"pymetaq tx {args.action}"
+    address = one_address(args, f"tx {args.action}")
     try:
-        address = parse_server(args.server)
         if args.action == "list":
             request: Any = StatsCommand("transactions", 1)
         else:
@@ -142,16 +105,23 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             parse_tx_key(args.key)
             request = TxAdminCommand(TxAdminOp(args.action), args.key, 1)
-        reply = call(address, request, args.timeout)
+        reply = round_trip(*address, request, args.timeout)
     except (OSError, ValueError, InvalidTxKey) as exc:
-        print(f"{prog}: {args.server}: {exc}", file=sys.stderr)
+        print(f"{prog}: meta://{address[0]}:{address[1]}: {exc}", file=sys.stderr)
         return 1
     if reply.code != 200:
         print(f"{prog}: {describe_error(reply.body)}", file=sys.stderr)
         return 1
     if args.action == "list":
         data = rows(reply.body)
-        print(table(data) if data else "no open transactions")
+        if args.json:
+            keys = [c.lower() for c in COLUMNS]
+            docs: list[dict[str, str | int]] = [dict(zip(keys, row)) for row in data]
+            for d in docs:  # numbers as numbers
+                d["messages"], d["bytes"] = int(d["messages"]), int(d["bytes"])
+            print_json(docs, sys.stdout)
+        else:
+            print(table(data) if data else "no open transactions")
         return 0
     done = {"commit": "committed heuristically", "rollback": "rolled back heuristically"}
     print(f"{args.key}: {done.get(args.action, 'forgotten')}")

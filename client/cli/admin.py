@@ -8,7 +8,8 @@ pymetaq admin reload                     # re-read the config's [topic=...] sect
 pymetaq admin slaves                     # replication status
 ```
 
-``--server host:port`` (default 127.0.0.1:8123).  The broker accepts ``admin`` only from its
+``--servers`` (``--server``) names the broker: ``meta://host:port``, ``host:port``, or a
+``zk://`` registry with one master (default ``$PYMETAQ_SERVERS``, else 127.0.0.1:8123).  The broker accepts ``admin`` only from its
 own host (a loopback address) until it authenticates clients.  Prints the broker's answer;
 exit code 0 on success, 1 on a refusal or a connection failure, 2 on a usage error.
 
@@ -21,10 +22,9 @@ import argparse
 import sys
 from typing import Any
 
-from pymetaq.client.cli.wire import parse_server, round_trip
+from pymetaq.client.cli.common import add_servers_option, one_address
+from pymetaq.client.cli.wire import round_trip
 from pymetaq.client.protocol import AdminCommand
-
-DEFAULT_SERVER = "127.0.0.1:8123"
 
 
 def partitions(text: str) -> tuple[str, str]:
@@ -43,7 +43,7 @@ def add_parser(subparsers: Any) -> None:
         help="close/open partitions, reload the config, slave status",
         description="Operations on one broker (accepted from the broker's own host only).",
     )
-    p.add_argument("--server", default=DEFAULT_SERVER, help="host:port (default %(default)s)")
+    add_servers_option(p)
     p.add_argument("--timeout", type=float, default=10.0, help="seconds (default %(default)s)")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     close = actions.add_parser("close", help="close partitions for publishing (puts get 403)")
@@ -57,6 +57,10 @@ def add_parser(subparsers: Any) -> None:
     actions.add_parser("closed", help="list the closed partitions")
     actions.add_parser("reload", help="re-read the config file's [topic=...] sections")
     actions.add_parser("slaves", help="replication status")
+    for action in actions.choices.values():  # --servers after the action works too
+        action.add_argument(
+            "--servers", "--server", dest="servers", default=argparse.SUPPRESS, help="as above"
+        )
     p.set_defaults(func=run)
 
 
@@ -68,11 +72,7 @@ def command(args: argparse.Namespace) -> AdminCommand:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        host, port = parse_server(args.server)
-    except ValueError as exc:
-        print(f"pymetaq admin: --server: {exc}", file=sys.stderr)
-        return 2
+    host, port = one_address(args, "admin")
     try:
         reply = round_trip(host, port, command(args), args.timeout)
     except OSError as exc:

@@ -1,7 +1,7 @@
 """``pymetaq cluster --servers zk://...``: what a MetaQ ZooKeeper registry says, and the lag.
 
 ```
-pymetaq cluster --servers zk://host:port[,host:port][/root] [--group G] [--format text|json]
+pymetaq cluster --servers zk://host:port[,host:port][/root] [--group G] [--format text|json | --json]
                 [--timeout SECONDS]
 ```
 
@@ -52,6 +52,9 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--group", help="show only this consumer group")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--json", dest="format", action="store_const", const="json", help="= --format json"
+    )
     p.add_argument(
         "--timeout", type=float, default=10.0, help="seconds per server (default %(default)s)"
     )

@@ -106,16 +106,54 @@ def servers_of(args: argparse.Namespace) -> str:
 
 
 def meta_addresses(args: argparse.Namespace, command: str) -> list[tuple[str, int]]:
-    """The ``meta://`` brokers of ``--servers`` (commands that talk to each broker)."""
+    """The brokers of ``--servers`` for commands that talk to each broker: a ``meta://`` list,
+    or for ``zk://`` the masters registered in that ZooKeeper."""
     servers = servers_of(args)
-    if servers.startswith("zk://"):
-        raise UsageError(
-            f"{command} talks to brokers directly: give their meta://host:port addresses",
-            "the brokers registered in a ZooKeeper are listed by `pymetaq cluster`",
-        )
     from pymetaq.client.transport.servers import parse_servers
 
+    if servers.startswith("zk://"):
+        return parse_servers(",".join(registered_masters(servers, args)))
     return parse_servers(servers)
+
+
+def one_address(args: argparse.Namespace, command: str) -> tuple[str, int]:
+    """The one broker a command talks to (``admin``, ``top``, ``tx``): ``--servers`` must
+    name exactly one (a ``zk://`` registry with one master registered will do)."""
+    found = meta_addresses(args, command)
+    if len(found) != 1:
+        names = ", ".join(f"meta://{h}:{p}" for h, p in found)
+        raise UsageError(
+            f"--servers names {len(found)} brokers ({names}); {command} talks to one",
+            "give one: --servers meta://host:port",
+        )
+    return found[0]
+
+
+def registered_masters(url: str, args: argparse.Namespace) -> list[str]:
+    """``meta://host:port`` of every master registered under a ``zk://`` URL (sorted by
+    broker id); :class:`CommandError` when none is."""
+    import logging
+
+    from pymetaq.client.cluster.session import connect
+    from pymetaq.client.cluster.snapshot import read_cluster
+    from pymetaq.client.protocol.zk import parse_zk_url
+
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # our own message says it once
+    zk_url = parse_zk_url(url)
+    timeout = float(getattr(args, "timeout", 10.0) or 10.0)
+    zk = connect(zk_url, session_timeout_s=max(timeout, 2.0), connect_timeout_s=timeout)
+    try:
+        snap = read_cluster(zk, zk_url.root)
+    finally:
+        zk.stop()
+        zk.close()
+    masters = [b.master for b in snap.brokers if b.master]
+    if not masters:
+        raise CommandError(
+            f"no broker is registered under {url}",
+            "start brokers with zk.zkEnable=true and this zk.zkConnect/zk.zkRoot",
+        )
+    return masters
 
 
 @contextmanager

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymetaq.client.cli.wire import Session, parse_server
+from pymetaq.client.cli.common import add_servers_option, one_address
+from pymetaq.client.cli.wire import Session
 from pymetaq.client.protocol import StatsCommand
 
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -204,7 +205,7 @@ def screen(prev: Poll | None, cur: Poll, server: str, interval: float) -> list[L
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("top", help="live view of a broker: rates per topic, lag per group")
-    p.add_argument("--server", default="127.0.0.1:8123", help="host:port (default %(default)s)")
+    add_servers_option(p)
     p.add_argument("--interval", type=float, default=1.0, help="seconds (default %(default)s)")
     p.add_argument("--once", action="store_true", help="print one screen as text and exit")
     p.set_defaults(func=run)
@@ -264,11 +265,8 @@ def _live(stdscr: Any, poller: Poller, server: str, interval: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        host, port = parse_server(args.server)
-    except ValueError as exc:
-        print(f"pymetaq top: --server: {exc}", file=sys.stderr)
-        return 2
+    host, port = one_address(args, "top")
+    server = f"{host}:{port}"
     if args.interval <= 0:
         print("pymetaq top: --interval must be positive", file=sys.stderr)
         return 2
@@ -280,14 +278,10 @@ def run(args: argparse.Namespace) -> int:
         if poller.cur is None or poller.error:
             print(f"pymetaq top: {poller.error}", file=sys.stderr)
             return 1
-        print(
-            "\n".join(
-                text for text, _ in screen(poller.prev, poller.cur, args.server, args.interval)
-            )
-        )
+        print("\n".join(text for text, _ in screen(poller.prev, poller.cur, server, args.interval)))
         return 0
     try:
-        curses.wrapper(_live, poller, args.server, args.interval)
+        curses.wrapper(_live, poller, server, args.interval)
     except KeyboardInterrupt:
         pass
     return 0

@@ -15,15 +15,6 @@ import socket
 from pymetaq.client.protocol import NEED_DATA, Command, Parser, ResultReply, Role, encode
 
 
-def parse_server(text: str) -> tuple[str, int]:
-    """``host:port`` (``meta://`` allowed, IPv6 in brackets) -> (host, port); ValueError."""
-    text = text.removeprefix("meta://")
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not host:port")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 class Session:
     """A connection to one broker for sequential round trips."""
 

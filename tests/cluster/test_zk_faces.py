@@ -188,6 +188,8 @@ def test_cli_commands_through_zookeeper(reg: Registry) -> None:
     r = cli("cluster", "--servers", reg.url, "--group", "cg", "--format", "json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
+    r = cli("cluster", "--servers", reg.url, "--group", "cg", "--json")  # the other commands' flag
+    assert r.returncode == 0 and json.loads(r.stdout)["brokers"] == doc["brokers"], r.stderr
     assert [b["broker_id"] for b in doc["brokers"]] == [0, 1]
     assert {t["topic"]: t["subscribe"] for t in doc["topics"]}["c"] == {"0": 2, "1": 2}
     (group,) = doc["groups"]
@@ -202,3 +204,24 @@ def test_cli_commands_through_zookeeper(reg: Registry) -> None:
     r = cli("cluster", "--servers", f"zk://127.0.0.1:{free_port()}", "--timeout", "1")
     assert r.returncode == 1 and "cannot connect to ZooKeeper" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_broker_commands_find_brokers_through_zookeeper(reg: Registry) -> None:
+    # stats: every registered master, each under its own header
+    r = cli("stats", "topics", "--servers", reg.url)
+    assert r.returncode == 0, r.stderr
+    headers = [line for line in r.stdout.splitlines() if line.startswith("== ")]
+    assert headers == [f"== meta://{b.host}:{b.port} ==" for b in reg.brokers]
+    # commands that talk to one broker refuse a registry with two, naming both
+    r = cli("admin", "closed", "--servers", reg.url)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    names = ", ".join(f"meta://{b.host}:{b.port}" for b in reg.brokers)
+    assert r.stderr.splitlines() == [
+        f"pymetaq admin closed: --servers names 2 brokers ({names}); admin talks to one",
+        "hint: give one: --servers meta://host:port",
+    ]
+    r = cli("tx", "list", "--servers", reg.url)
+    assert r.returncode == 2 and "); tx list talks to one" in r.stderr
+    # an empty registry is an error that says so
+    r = cli("stats", "--servers", reg.url.rsplit("/", 1)[0] + "/nothing-here")
+    assert r.returncode == 1 and "no broker is registered under" in r.stderr, r.stderr

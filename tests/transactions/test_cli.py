@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -52,6 +53,16 @@ def test_list_commit_forget(broker: BrokerProcess) -> None:
     ]
     fields = row.split()
     assert fields[:5] == [key, "PREPARED", "yes", "1", "33"] and fields[6:] == ["-", "orders-0"]
+    (doc,) = json.loads(tx(broker, "list", "--json").stdout)
+    assert {k: v for k, v in doc.items() if k != "age"} == {
+        "key": key,
+        "state": "PREPARED",
+        "xa": "yes",
+        "messages": 1,
+        "bytes": 33,
+        "timeout": "-",
+        "partitions": "orders-0",
+    }
     done = tx(broker, "commit", key)
     assert (done.returncode, done.stdout, done.stderr) == (
         0,
@@ -88,6 +99,8 @@ def test_usage_errors_have_no_traceback(broker: BrokerProcess) -> None:
     assert "illegal transaction key 'nonsense'" in bad_key.stderr
     missing = tx(broker, "commit")
     assert missing.returncode == 2 and "give the XA key" in missing.stderr
-    cmd = [sys.executable, "-m", "pymetaq.server.cli", "tx", "list", "--server", "zk://h:2181"]
+    two = "meta://127.0.0.1:1,meta://127.0.0.1:2"
+    cmd = [sys.executable, "-m", "pymetaq.server.cli", "tx", "list", "--servers", two]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "tx commands need meta://host:port" in proc.stderr
+    assert proc.returncode == 2 and "--servers names 2 brokers" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,8 +1,5 @@
-"""Broker fixes: ``offset`` through storage's getNearestOffset, and no unfetchable record stored.
-
-A broker with ``maxTransferSize=1024`` (so a record's data may be at most 1004 bytes: every
-record must fit one ``get`` reply) and ``maxSegmentSize=4096`` (so segment boundaries are
-reachable with a few records).
+"""``offset`` answers through storage's getNearestOffset: the start of the segment holding the
+offset (``maxSegmentSize=4096``, so segment boundaries are reachable with a few records).
 """
 
 from __future__ import annotations
@@ -12,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pymetaq.client.protocol import ResultReply, ValueReply
-from pymetaq.storage.record import iter_records
+from pymetaq.client.protocol import ResultReply
 from tests._broker import BrokerProcess
-from tests.server._helpers import Wire, bput_frame, result
+from tests.server._helpers import Wire, bput_frame
 
 pytestmark = pytest.mark.integration
 
@@ -34,27 +30,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 def wire(broker: BrokerProcess) -> Iterator[Wire]:
     with Wire(broker.address) as w:
         yield w
-
-
-def test_bput_with_one_record_over_max_transfer_minus_20_is_400_and_stores_nothing(
-    wire: Wire,
-) -> None:
-    frame = bput_frame("big", 0, [b"small", b"x" * 1005, b"also small"], 70)
-    wire.send(frame)
-    reason = b"invalid records: record data of 1005 bytes exceeds the limit of 1004"
-    expected = result(400, reason, 70)
-    assert wire.read_exact(len(expected)) == expected
-    assert wire.call(b"offset big g 0 0 71\r\n") in (
-        ResultReply(200, b"0", 71),
-        ResultReply(404, b"The topic `big` in partition `0` is not exists", 71),
-    )
-    # the connection is still usable, and a record of exactly the limit is stored and fetchable
-    reply = wire.call(bput_frame("big", 0, [b"y" * 1004], 72))
-    assert isinstance(reply, ResultReply) and reply.code == 200, reply
-    assert reply.body.split()[1:] == [b"0", b"0", b"1"]
-    got = wire.call(b"get big g 0 0 1024 73\r\n")
-    assert isinstance(got, ValueReply) and len(got.data) == 1024
-    assert [r.data for r in iter_records(got.data)] == [b"y" * 1004]
 
 
 def test_offset_answers_the_start_of_the_segment_holding_it(wire: Wire) -> None:
