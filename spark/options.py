@@ -18,6 +18,8 @@ Option names are case-insensitive (Spark's are); every value is a string.
 | ``pymetaq.group`` | read | the group token of the executors' ``get`` requests (nothing is committed under it) | ``pymetaq-spark`` |
 | ``pymetaq.fetchSize`` | read | bytes asked for per ``get`` | 1048576 |
 | ``topic`` | write | the topic of rows without a ``topic`` column (or with a null one) | none |
+| ``deliveryGuarantee`` | stream write | ``at-least-once`` or ``exactly-once`` (XA branches, see :mod:`pymetaq.spark.exactly_once`) | ``at-least-once`` |
+| ``sinkStateDir`` | stream write | exactly-once: where the sink records its decisions | ``<checkpointLocation>/pymetaq-sink`` |
 
 Thread-safety: immutable values and pure functions.
 """
@@ -217,11 +219,32 @@ def _has(offsets: dict[str, dict[str, int]], value: int) -> bool:
 class WriteOptions:
     servers: str
     topic: str | None
+    exactly_once: bool = False
+    #: all options, lower-cased (the exactly-once sink reads checkpointLocation/sinkStateDir)
+    raw: tuple[tuple[str, str], ...] = ()
 
 
-def write_options(options: Mapping[str, str]) -> WriteOptions:
+GUARANTEES = ("at-least-once", "exactly-once")
+
+
+def write_options(options: Mapping[str, str], *, streaming: bool = False) -> WriteOptions:
     opts = lower_keys(options)
     topic = opts.get("topic")
     if topic is not None:
         _topic(topic, "option 'topic'")
-    return WriteOptions(servers=servers_option(opts), topic=topic)
+    guarantee = opts.get("deliveryguarantee", "at-least-once").strip().lower()
+    if guarantee not in GUARANTEES:
+        raise SparkOptionError(
+            f"option 'deliveryGuarantee' must be 'at-least-once' or 'exactly-once', not {guarantee!r}"
+        )
+    if guarantee == "exactly-once" and not streaming:
+        raise SparkOptionError(
+            "deliveryGuarantee=exactly-once is for streaming writes (a batch write is one "
+            "job: use a streaming query with trigger(availableNow=True) for exactly-once)"
+        )
+    return WriteOptions(
+        servers=servers_option(opts),
+        topic=topic,
+        exactly_once=guarantee == "exactly-once",
+        raw=tuple(sorted(opts.items())),
+    )

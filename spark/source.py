@@ -54,4 +54,9 @@ class PymetaqDataSource(DataSource):
         from pymetaq.spark.writer import StreamWriter, check_sink_schema
 
         check_sink_schema(schema, overwrite)
-        return StreamWriter(write_options(self.options))
+        opts = write_options(self.options, streaming=True)
+        if opts.exactly_once:
+            from pymetaq.spark.writer import ExactlyOnceStreamWriter
+
+            return ExactlyOnceStreamWriter(opts)
+        return StreamWriter(opts)

@@ -30,6 +30,13 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from pymetaq.client.errors import MetaClientError
 from pymetaq.client.producer.sync import Producer
+from pymetaq.spark.exactly_once import (
+    Branch,
+    abort_batch,
+    commit_batch,
+    run_branch,
+    sink_identity,
+)
 from pymetaq.spark.options import SparkOptionError, WriteOptions
 from pymetaq.spark.schema import SINK_COLUMNS
 
@@ -123,13 +130,17 @@ def send_batches(
     return SinkCommit(len(handles), tuple(sorted(topics)))
 
 
+def _send_all(opts: WriteOptions, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
+    with Producer(opts.servers) as producer:
+        return send_batches(producer, opts, batches)
+
+
 class BatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: WriteOptions) -> None:
         self.opts = opts
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        with Producer(self.opts.servers) as producer:
-            return send_batches(producer, self.opts, iterator)
+        return _send_all(self.opts, iterator)
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -139,11 +150,74 @@ class StreamWriter(DataSourceStreamArrowWriter):
         self.opts = opts
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        with Producer(self.opts.servers) as producer:
-            return send_batches(producer, self.opts, iterator)
+        return _send_all(self.opts, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass
+
+
+@dataclass
+class BranchCommit(WriterCommitMessage):
+    """What an exactly-once task prepared."""
+
+    rows: int
+    branch: Branch
+
+
+def _topics_of(opts: WriteOptions, batches: list[pa.RecordBatch]) -> list[str]:
+    topics = {opts.topic} if opts.topic else set()
+    for batch in batches:
+        col = _column(batch, "topic")
+        if col is not None:
+            topics.update(t for t in col if t)
+    return sorted(t for t in topics if t)
+
+
+class ExactlyOnceStreamWriter(DataSourceStreamArrowWriter):
+    """``deliveryGuarantee=exactly-once``: see :mod:`pymetaq.spark.exactly_once`."""
+
+    def __init__(self, opts: WriteOptions) -> None:
+        self.opts = opts
+        self.ident = sink_identity(dict(opts.raw))
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> BranchCommit:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        assert ctx is not None, "write() runs in a Spark task"
+        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or 0)
+        xid = self.ident.xid(batch_id, ctx.partitionId(), ctx.attemptNumber())
+        batches = list(iterator)  # the topics must be known before the branch starts
+        topics = _topics_of(self.opts, batches)
+        if not topics:  # no rows: nothing to prepare
+            return BranchCommit(0, Branch.of(xid, -1, rdonly=True))
+        sent = SinkCommit(0)
+        with Producer(self.opts.servers) as producer:
+            for t in topics:
+                producer.partitions(t)  # an XA resource picks among the topics' brokers
+            xa = producer.xa_resource(self.ident.qualifier, topics=topics)
+
+            def send() -> None:
+                nonlocal sent
+                sent = send_batches(producer, self.opts, iter(batches))
+
+            branch = run_branch(xa, xid, send)
+        return BranchCommit(sent.rows, branch)
+
+    def _xa(self, messages: list[WriterCommitMessage | None]) -> tuple[Producer, list[Branch]]:
+        branches = [m.branch for m in messages if isinstance(m, BranchCommit)]
+        return Producer(self.opts.servers), branches
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        producer, branches = self._xa(messages)
+        with producer:  # no topic: every broker is a candidate (recover asks them all)
+            xa = producer.xa_resource(self.ident.qualifier, topics=[])
+            commit_batch(xa, self.ident, batchId, branches)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        producer, branches = self._xa(messages)
+        with producer:
+            abort_batch(producer.xa_resource(self.ident.qualifier, topics=[]), branches)
