@@ -151,22 +151,36 @@ def save_state(ident: SinkIdentity, state: SinkState) -> None:
         os.close(dfd)
 
 
+#: XA requests of the sink: PREPARE of a large branch and COMMIT wait for the broker's journal
+XA_TIMEOUT_S = 120.0
+
+
+def _rollback_quietly(xa: XAResource, xid: Xid, cause: BaseException) -> None:
+    """Roll ``xid`` back after ``cause``; if that fails too, say so on ``cause`` (the branch is
+    then rolled back by the sink's next commit, which rolls back every undecided branch)."""
+    try:
+        xa.rollback(xid)
+    except MetaClientError as e:
+        cause.add_note(f"rolling back {xid} failed too ({e}): the next batch's commit does it")
+
+
 def run_branch(xa: XAResource, xid: Xid, send: Any) -> Branch:
     """Task side: ``send()`` inside branch ``xid``, prepared; rolled back on failure."""
     xa.start(xid)
     try:
         send()
-    except BaseException:
+    except BaseException as e:
         try:
             xa.end(xid, TMFAIL)
-        finally:
-            xa.rollback(xid)
+        except MetaClientError as end_error:
+            e.add_note(f"ending {xid} failed too: {end_error}")
+        _rollback_quietly(xa, xid, e)
         raise
     try:
         xa.end(xid)
         rdonly = xa.prepare(xid) == XA_RDONLY
-    except BaseException:
-        xa.rollback(xid)
+    except BaseException as e:
+        _rollback_quietly(xa, xid, e)
         raise
     return Branch.of(xid, xa.broker_id, rdonly)
 

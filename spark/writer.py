@@ -31,6 +31,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from pymetaq.client.errors import MetaClientError
 from pymetaq.client.producer.sync import Producer
 from pymetaq.spark.exactly_once import (
+    XA_TIMEOUT_S,
     Branch,
     abort_batch,
     commit_batch,
@@ -198,7 +199,9 @@ class ExactlyOnceStreamWriter(DataSourceStreamArrowWriter):
         with Producer(self.opts.servers) as producer:
             for t in topics:
                 producer.partitions(t)  # an XA resource picks among the topics' brokers
-            xa = producer.xa_resource(self.ident.qualifier, topics=topics)
+            xa = producer.xa_resource(
+                self.ident.qualifier, topics=topics, request_timeout_s=XA_TIMEOUT_S
+            )
 
             def send() -> None:
                 nonlocal sent
@@ -214,10 +217,15 @@ class ExactlyOnceStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         producer, branches = self._xa(messages)
         with producer:  # no topic: every broker is a candidate (recover asks them all)
-            xa = producer.xa_resource(self.ident.qualifier, topics=[])
+            xa = producer.xa_resource(
+                self.ident.qualifier, topics=[], request_timeout_s=XA_TIMEOUT_S
+            )
             commit_batch(xa, self.ident, batchId, branches)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         producer, branches = self._xa(messages)
         with producer:
-            abort_batch(producer.xa_resource(self.ident.qualifier, topics=[]), branches)
+            xa = producer.xa_resource(
+                self.ident.qualifier, topics=[], request_timeout_s=XA_TIMEOUT_S
+            )
+            abort_batch(xa, branches)
