@@ -99,8 +99,9 @@ def test_the_wheel_holds_what_it_promises(wheel: Path) -> None:
         meta = email.message_from_string(z.read(meta_name).decode())
         default_ini = z.read("pymetaq/server/default.ini")
         assert "pymetaq/server/http/static/dashboard.css" in names  # the dashboard's assets
-    for pkg in ("server", "client", "storage", "offsets", "ha"):
+    for pkg in ("server", "client", "storage", "offsets", "ha", "spark"):
         assert f"pymetaq/{pkg}/py.typed" in names
+    assert "pyspark_pymetaq.py" in names  # Spark's auto-registration hook for format pymetaq
     assert default_ini == (ROOT / "conf" / "server.ini").read_bytes()
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert meta["Version"] == __version__
@@ -109,7 +110,15 @@ def test_the_wheel_holds_what_it_promises(wheel: Path) -> None:
     runtime = [r for r in meta.get_all("Requires-Dist", []) if "extra ==" not in r]
     # lz4 has binary wheels; prometheus-client (the broker's /metrics) is pure Python
     assert [re.split(r"[<>=\s]", r)[0] for r in runtime] == ["lz4", "prometheus-client"]
-    assert sorted(meta.get_all("Provides-Extra", [])) == ["bench", "dev", "pg", "sql", "test", "zk"]
+    assert sorted(meta.get_all("Provides-Extra", [])) == [
+        "bench",
+        "dev",
+        "pg",
+        "spark",
+        "sql",
+        "test",
+        "zk",
+    ]
     dev_tools = [r for r in meta.get_all("Requires-Dist", []) if r.startswith(("ruff", "mypy"))]
     assert dev_tools and all('extra == "test"' in r for r in dev_tools), dev_tools
 
