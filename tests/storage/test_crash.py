@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ CHILD = Path(__file__).with_name("crash_child.py")
 ROOT = Path(__file__).resolve().parents[2]
 SEGMENT = 8192
 MODES = {"group_commit": 0, "threshold": 1000}
+_ACK = re.compile(r"\d+ \d+ \d+\n")
 
 
 @dataclass
@@ -67,9 +69,17 @@ def _round(path: Path, seed: int, threshold: int, rng: random.Random) -> list[st
     while time.monotonic() < pause:
         time.sleep(0.001)
     proc.send_signal(signal.SIGKILL)
-    out, _ = proc.communicate(timeout=30)
-    lines += out.decode().splitlines(keepends=True)
-    return [ln for ln in lines if ln.endswith("\n")]  # a line cut by the kill was not reported
+    # Read the rest through the same buffered reader: ``communicate(timeout=...)`` reads the
+    # raw descriptor and misses what ``readline`` had buffered, which split an ack line in two
+    # under load ("3684311 5 b" became "684311 5 b": a false loss report).
+    with proc.stdout:
+        rest = proc.stdout.read().decode()
+    proc.wait(timeout=30)
+    lines += rest.splitlines(keepends=True)
+    done = [ln for ln in lines if ln.endswith("\n")]  # a line cut by the kill was not reported
+    bad = [ln for ln in done if not _ACK.fullmatch(ln)]
+    assert not bad, f"malformed ack lines from the child: {bad[:3]}"
+    return done
 
 
 def crash_loop(path: Path, seed: int, threshold: int, rounds: int) -> Outcome:
