@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
 #: pages whose examples another test runs (they need services this runner does not start)
 ELSEWHERE = {
-    "docs/cluster.md": "tests/cluster/test_docs.py (real ZooKeeper and two brokers)",
+    "docs/cluster.md": "tests/cluster/test_docs.py (real ZooKeeper; two and three brokers)",
     "docs/security.md": "tests/security/test_docs.py (a PKI made with openssl, a TLS broker)",
 }
 _SERVICES = re.compile(r"<!--\s*page-services:\s*([a-z ]+?)\s*(?:\(.*?\))?\s*-->", re.S)

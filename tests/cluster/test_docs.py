@@ -1,9 +1,12 @@
-"""docs/cluster.md's Python example runs as written against two real brokers registered in a
-real ZooKeeper, and prints what the page shows."""
+"""docs/cluster.md's examples run as written against real brokers registered in a real
+ZooKeeper, and print what the page shows: the two Python examples (two brokers started here) and
+the walkthrough (``examples/cluster_walkthrough.sh``: three brokers, a consumer group, a broker
+killed and restarted)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -12,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from tests import _docs
 from tests._broker import BrokerProcess
-from tests._helpers import wait_for
+from tests._helpers import free_port, wait_for
 from tests._services import ZooKeeperServer
 
 pytestmark = [pytest.mark.zk, pytest.mark.integration]
@@ -96,3 +100,29 @@ def test_running_a_cluster_python_example_runs(
     assert r.returncode == 0, r.stderr
     (line,) = r.stdout.splitlines()
     assert re.fullmatch(r"[01]-[01] 0 b'order-25'", line), line
+
+
+def test_walkthrough_runs_as_shown(
+    tmp_path: Path, zk_server: ZooKeeperServer, zk_hosts: str
+) -> None:
+    page = ROOT / "docs" / "cluster.md"
+    (block,) = [b for b in _docs.blocks(page, "docs/cluster.md") if "cluster_walkthrough" in b.text]
+    (cmd,) = _docs.console_commands(block)
+    chroot = zk_hosts[len(zk_server.hosts) :]
+    fix = {"127.0.0.1:2181": zk_hosts, "ZooKeeper root /meta": f"ZooKeeper root {chroot}/meta"}
+    for shown in ("18200", "18201", "18202"):
+        fix[shown] = str(free_port())  # five digits both: the tables keep their widths
+    assert all(len(v) == 5 for k, v in fix.items() if k.startswith("182"))
+
+    def rewrite(text: str) -> str:
+        for k, v in fix.items():
+            text = text.replace(k, v)
+        return text
+
+    (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    got, rc = _docs.run_shell(rewrite(cmd.command), tmp_path, env, timeout=300)
+    assert rc == 0, got
+    want = rewrite(cmd.expected)
+    assert _docs.matches(want, got), f"printed:\n{got}\n--- the page shows:\n{want}"
