@@ -25,6 +25,7 @@ from pymetaq.client import (
 from pymetaq.client.errors import ClientClosed, ConnectionLost, NoBrokerAvailable
 from pymetaq.storage.record import FLAG_LZ4_BATCH, HEADER
 from tests._broker import BrokerProcess
+from tests._helpers import wait_for
 from tests.client._helpers import SilentBroker, fetch_all, fetch_raw
 
 pytestmark = pytest.mark.integration
@@ -230,6 +231,8 @@ def test_timeout_is_reported_as_request_timeout() -> None:
             assert isinstance(r.error, RequestTimeout) and r.error.retriable
             h = p.send_async("any", b"async")
             assert isinstance(h.result(10).error, RequestTimeout)
+        # the fake counts on its own thread, which may not have read the last put yet
+        wait_for(lambda: fake.requests >= 2, 10, "both puts reached the fake broker")
         assert fake.requests == 2
 
 
@@ -238,6 +241,7 @@ def test_retries_resend_after_timeout(tmp_path: Path) -> None:
         with Producer(fake.url, request_timeout_ms=100, retries=2, retry_backoff_ms=10) as p:
             r = p.send("any", b"again")
         assert isinstance(r.error, RequestTimeout)
+        wait_for(lambda: fake.requests >= 3, 10, "the retries reached the fake broker")
         assert fake.requests == 3  # one attempt + two retries
 
 
