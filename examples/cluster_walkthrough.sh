@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Three brokers on one machine, registered in ZooKeeper; a producer and a consumer group of two
 # through the registry; one broker killed with kill -9 and brought back.  Every command it runs
-# is printed with "+ " before its output (as bash's set -x does) (docs/cluster.md shows a run; tests/cluster/test_docs.py
-# runs it).
+# is printed with "+ " before its output (as bash's set -x does); docs/cluster.md shows a run
+# and tests/cluster/test_docs.py runs it.
 #
 #   ZK=127.0.0.1:2181 PORTS="18200 18201 18202" bash examples/cluster_walkthrough.sh
 #
@@ -11,42 +11,10 @@
 # Everything it starts is stopped when it exits, also on Ctrl-C.
 set -euo pipefail
 
-ZK=${ZK:-127.0.0.1:2181}
 read -r -a PORT <<<"${PORTS:-18200 18201 18202}"
 DEMO_DIR=${DEMO_DIR:-cluster-demo}
-PY=${PYTHON:-python3}
-URL="zk://$ZK/meta"
-
-rm -rf "$DEMO_DIR"
-mkdir -p "$DEMO_DIR"
-cd "$DEMO_DIR"
-
-cleanup() {
-    local pids
-    pids=$(jobs -p)
-    if [ -n "$pids" ]; then
-        kill $pids 2>/dev/null || true
-        wait 2>/dev/null || true
-    fi
-}
-trap cleanup EXIT
-
-show() { # print a command as a reader would type it, then run it
-    printf '+ %s\n' "$1"
-    eval "$1"
-}
-
-wait_until() { # wait_until <seconds> <what> <command...>: poll a condition, bounded
-    local deadline=$((SECONDS + $1)) what=$2
-    shift 2
-    until "$@" >/dev/null 2>&1; do
-        if ((SECONDS >= deadline)); then
-            echo "gave up waiting: $what" >&2
-            exit 1
-        fi
-        sleep 0.2
-    done
-}
+# shellcheck source=examples/walkthrough_lib.sh
+source "$(dirname "$0")/walkthrough_lib.sh"
 
 group_settled() { # group billing has <members> members and every live partition has lag 0
     pymetaq cluster --servers "$URL" --group billing --json | "$PY" -c '
@@ -63,12 +31,6 @@ publishing() { # publishing <ids>: exactly these brokers publish orders
 import json, sys
 (t,) = [t for t in json.load(sys.stdin)["topics"] if t["topic"] == "orders"]
 sys.exit(0 if sorted(t["publish"]) == sys.argv[1].split() else 1)' "$1"
-}
-
-start_broker() {
-    (cd "b$1" && exec pymetaq server -f server.ini >server.log 2>&1) &
-    echo $! >"b$1/pid"
-    wait_until 60 "broker $1 listening" grep -q 'listening on' "b$1/server.log"
 }
 
 for i in 0 1 2; do
@@ -95,7 +57,7 @@ done
 
 show "cat b1/server.ini"
 printf '+ %s\n' "(cd b0 && pymetaq server -f server.ini > server.log 2>&1 &)    # b1, b2 the same"
-for i in 0 1 2; do start_broker "$i"; done
+for i in 0 1 2; do start "b$i"; done
 show "cat b0/server.log"
 show "pymetaq cluster --servers $URL"
 
@@ -120,7 +82,7 @@ show "pymetaq cluster --servers $URL --group billing"
 echo
 echo "# it comes back"
 printf '+ %s\n' "(cd b1 && pymetaq server -f server.ini > server.log 2>&1 &)"
-start_broker 1
+start b1
 wait_until 60 "broker 1 registered orders" publishing "0 1 2"
 show "seq 19 24 | sed 's/^/order-/' | pymetaq produce --server $URL --topic orders --batch 1"
 wait_until 60 "the group consumed all 24" group_settled 2

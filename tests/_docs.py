@@ -24,9 +24,11 @@ line continues the ``<-`` line above it (a reply of several lines, each ending i
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,6 +164,32 @@ def run_shell(
         timeout=timeout,
     )
     return proc.stdout, proc.returncode
+
+
+def run_walkthrough(
+    page: Path, name: str, script: str, cwd: Path, fix: dict[str, str], timeout: float = 300
+) -> None:
+    """Run the page's one console block that runs ``examples/<script>`` (a walkthrough that
+    prints each command it runs, ``+ `` first) in ``cwd`` with ``examples`` linked there, after
+    applying ``fix`` (shown text -> the test's: addresses, ports) to the command and to the
+    output the page shows; fail with both texts if they differ."""
+    (block,) = [b for b in blocks(page, name) if script in b.text and kind(b) == "console"]
+    (cmd,) = console_commands(block)
+
+    def rewrite(text: str) -> str:
+        for k, v in fix.items():
+            text = text.replace(k, v)
+        return text
+
+    examples = cwd / "examples"
+    if not examples.exists():
+        examples.symlink_to(page.parent.parent / "examples", target_is_directory=True)
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    got, rc = run_shell(rewrite(cmd.command), cwd, env, timeout=timeout)
+    assert rc == 0, f"{block.where}: exited {rc}:\n{got}"
+    want = rewrite(cmd.expected)
+    assert matches(want, got), f"{block.where}: printed\n{got}\n--- the page shows:\n{want}"
 
 
 # ---------------------------------------------------------------------------- wire

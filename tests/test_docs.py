@@ -46,6 +46,7 @@ PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.
 #: pages whose examples another test runs (they need services this runner does not start)
 ELSEWHERE = {
     "docs/cluster.md": "tests/cluster/test_docs.py (real ZooKeeper; two and three brokers)",
+    "docs/replication.md": "tests/ha/test_docs.py (real ZooKeeper; a master, its async slave, a pair)",
     "docs/security.md": "tests/security/test_docs.py (a PKI made with openssl, a TLS broker)",
 }
 _SERVICES = re.compile(r"<!--\s*page-services:\s*([a-z ]+?)\s*(?:\(.*?\))?\s*-->", re.S)
