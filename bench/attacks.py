@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import text_table  # noqa: E402
 from tests._broker import BrokerProcess  # noqa: E402
 from tests.server._attacks import (  # noqa: E402
     LIMITS,
@@ -77,11 +78,7 @@ COLUMNS = (
 
 
 def table(reports: list[AttackReport]) -> str:
-    rows = [[str(f(r)) for _, f in COLUMNS] for r in reports]
-    heads = [h for h, _ in COLUMNS]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    lines = [text_table([h for h, _ in COLUMNS], [[f(r) for _, f in COLUMNS] for r in reports])]
     lines.append("")
     lines += [
         f"{r.name}: {r.inputs}; outcome {r.outcome}; good errors {r.good_errors}" for r in reports

@@ -1,5 +1,5 @@
 """Shared pieces of the benchmark suite: result values, latency recording, open-loop scheduling,
-payloads and server processes.
+payloads, server processes and plain-text tables.
 
 Owns the measurement rules every system follows, so the systems differ only in client calls:
 
@@ -268,6 +268,16 @@ def stamp_of(payload: bytes) -> int:
 
 def progress(text: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def text_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table: the column names, then one line per row, columns left-aligned to
+    their widest cell and separated by two spaces."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
 
 
 def free_port() -> int:

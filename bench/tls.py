@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import text_table  # noqa: E402
 from pymetaq.client import Producer  # noqa: E402
 from pymetaq.client.consumer import Consumer, TopicPartition  # noqa: E402
 from pymetaq.client.protocol import NEED_DATA, Limits, Parser, ResultReply, Role  # noqa: E402
@@ -124,10 +125,7 @@ def table(rows: list[dict[str, object]]) -> str:
         base = plain.get(r["case"])
         ratio = float(r["MB_per_s"]) / float(base["MB_per_s"]) if base and base["MB_per_s"] else 0
         r["tls/plain"] = f"{ratio:.2f}" if r["transport"] == "tls" else ""
-    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)) for r in rows]
-    return "\n".join(lines)
+    return text_table(cols, [[r[c] for c in cols] for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
