@@ -172,6 +172,9 @@ class PostgresServer:
             "synchronous_commit": "off",
             "full_page_writes": "off",
             "shared_buffers": "32MB",
+            # logical decoding (pymetaq cdc capture reads a replication slot)
+            "wal_level": "logical",
+            "max_replication_slots": "20",
         }
         args = [f"{self.bindir}/postgres", "-D", str(data)]
         for k, v in settings.items():
