@@ -123,9 +123,13 @@ def find_pg_bindir() -> str:
 class PostgresServer:
     """A throw-away PostgreSQL cluster: initdb + ``postgres`` in the foreground."""
 
-    def __init__(self, max_prepared_transactions: int = 20) -> None:
+    def __init__(
+        self, max_prepared_transactions: int = 20, settings: dict[str, str] | None = None
+    ) -> None:
         self.bindir = find_pg_bindir()
         self.max_prepared_transactions = max_prepared_transactions
+        #: ``-c`` settings over the test defaults (e.g. ``synchronous_commit=on`` for a benchmark)
+        self.extra_settings = dict(settings or {})
         self.port = 0
         self.dir: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -175,6 +179,7 @@ class PostgresServer:
             # logical decoding (pymetaq cdc capture reads a replication slot)
             "wal_level": "logical",
             "max_replication_slots": "20",
+            **self.extra_settings,
         }
         args = [f"{self.bindir}/postgres", "-D", str(data)]
         for k, v in settings.items():

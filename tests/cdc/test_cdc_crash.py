@@ -1,7 +1,8 @@
 """Ordered binlog replication keeps its promise under SIGKILL: a random workload of inserts,
 updates and deletes across tables with foreign keys on a real PostgreSQL (wal_level=logical),
 ``pymetaq cdc capture`` and ``pymetaq cdc apply`` (real processes) SIGKILLed at random moments
-for many rounds; the replica (SQLite, the embedded default, with its foreign keys on) is
+for many rounds; the replica (SQLite, the embedded default, with its foreign keys on; or
+PostgreSQL in a slow variant) is
 sampled at random points and must always equal the source's state after some commit (never a
 transaction's half), and at the end equals the source row for row.
 
@@ -15,7 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ import sqlalchemy as sa
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
 from tests._services import PostgresServer
-from tests.cdc._helpers import Workload, create_schema, read_sql, read_sqlite
+from tests.cdc._helpers import State, Workload, create_schema, read_sql, read_sqlite
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.pg]
 
@@ -93,25 +94,48 @@ class Side:
             )
 
 
-def check_boundary(workload: Workload, replica: str, seen: list[int]) -> None:
-    n, state = read_sqlite(replica)
+def check_boundary(
+    workload: Workload, read: Callable[[], tuple[int, State]], seen: list[int]
+) -> None:
+    n, state = read()
     assert n <= len(workload.log)
     assert state == workload.state_after(n), f"replica state at txcount={n} was never committed"
     seen.append(n)
 
 
-@pytest.mark.parametrize("rounds", [3, pytest.param(20, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    ("rounds", "kind"),
+    [
+        (3, "sqlite"),
+        pytest.param(20, "sqlite", marks=pytest.mark.slow),
+        pytest.param(8, "postgresql", marks=pytest.mark.slow),
+    ],
+)
 def test_sigkill_capture_and_apply_replica_equals_source(
-    tmp_path: Path, source: str, seed: int, rounds: int
+    tmp_path: Path, pg_server: PostgresServer, source: str, seed: int, rounds: int, kind: str
 ) -> None:
     rng = random.Random(seed)
     src_engine = sa.create_engine(source, poolclass=sa.NullPool)
     create_schema(src_engine)
-    replica = tmp_path / "replica.db"
-    rep_engine = sa.create_engine(f"sqlite:///{replica}")
+    src_engine.dispose()
+    replica_db = pg_server.create_database() if kind == "postgresql" else ""
+    try:
+        run_rounds(tmp_path, rng, source, rounds, replica_db and pg_server.url_for(replica_db))
+    finally:
+        if replica_db:
+            pg_server.drop_database(replica_db)
+
+
+def run_rounds(tmp_path: Path, rng: random.Random, source: str, rounds: int, pg: str) -> None:
+    """The rounds against a SQLite replica (``pg`` empty) or the PostgreSQL one at ``pg``."""
+    target = pg or f"sqlite:///{tmp_path / 'replica.db'}"
+    rep_engine = sa.create_engine(target, poolclass=sa.NullPool)
     create_schema(rep_engine)
     rep_engine.dispose()
-    src_engine.dispose()
+
+    def read_replica() -> tuple[int, State]:
+        return read_sql(pg) if pg else read_sqlite(str(tmp_path / "replica.db"))
+
     with BrokerProcess.start(tmp_path / "broker", topics={TOPIC: {"numPartitions": 1}}) as broker:
         servers = f"meta://{broker.host}:{broker.port}"
         pg_url = source.replace("postgresql+psycopg://", "postgresql://")
@@ -121,7 +145,7 @@ def test_sigkill_capture_and_apply_replica_equals_source(
             tmp_path / "capture.log",
         )  # fmt: skip
         apply = Side(
-            ["apply", "--servers", servers, "--target", f"sqlite:///{replica}", "--topic", TOPIC,
+            ["apply", "--servers", servers, "--target", target, "--topic", TOPIC,
              "--batch-transactions", "20"],
             tmp_path / "apply.log",
         )  # fmt: skip
@@ -139,7 +163,7 @@ def test_sigkill_capture_and_apply_replica_equals_source(
                 # a process needs 1-3 s to start on a loaded machine: rounds of 1.6-6 s
                 for _ in range(rng.randint(2, 3)):
                     pause.wait(rng.uniform(0.8, 2.0))
-                    check_boundary(workload, str(replica), seen)
+                    check_boundary(workload, read_replica, seen)
                 capture.check_alive()
                 apply.check_alive()
                 victims = rng.choice(((capture,), (apply,), (capture, apply)))
@@ -159,8 +183,8 @@ def test_sigkill_capture_and_apply_replica_equals_source(
         capture.run_to_end("--once")
         out = apply.run_to_end("--idle-timeout", "1")
         print(out)
-        wait_for(lambda: read_sqlite(str(replica))[0] == total, 60, "replica caught up")
-        n, replica_state = read_sqlite(str(replica))
+        wait_for(lambda: read_replica()[0] == total, 60, "replica caught up")
+        n, replica_state = read_replica()
         k, source_state = read_sql(source)
         assert n == k == total
         assert replica_state == source_state  # row for row
