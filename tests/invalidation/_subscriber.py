@@ -3,6 +3,8 @@
 
     python -m tests.invalidation._subscriber SERVERS TOPIC STATE_DIR INSTANCE DB LOG KEYS
 
+With KEYS 0 it serves nothing (``bench/invalidation.py``: events only).
+
 It appends to LOG (one line each, flushed, in the order they happened):
 ``ready <time>`` once ``start()`` returned; ``E <event id> <time>`` after each event was
 applied; ``S <key> <version>`` after each ``get`` returned. SIGTERM closes it cleanly.
@@ -53,6 +55,8 @@ def main() -> int:
     cache.start()
     write(f"ready {time.time():.6f}")
     rng = random.Random()
+    while not stop.is_set() and not names:
+        stop.wait(0.5)
     while not stop.is_set():
         for _ in range(5):
             key = rng.choice(names)
