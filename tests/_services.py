@@ -228,7 +228,8 @@ class PostgresServer:
         return name
 
     def drop_database(self, name: str) -> None:
-        """Roll back the database's in-doubt prepared xacts, then drop it (FORCE)."""
+        """Roll back the database's in-doubt prepared xacts, drop its replication slots, then
+        drop it (FORCE)."""
         import sqlalchemy as sa
 
         eng = sa.create_engine(self.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
@@ -246,7 +247,12 @@ class PostgresServer:
                 with db_eng.connect() as dc:
                     for gid in gids:
                         dc.exec_driver_sql("ROLLBACK PREPARED '" + gid.replace("'", "''") + "'")
-            with eng.connect() as c:
+            with eng.connect() as c:  # a replication slot (pymetaq cdc) also blocks the drop
+                c.exec_driver_sql(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE database = %(d)s AND NOT active",
+                    {"d": name},
+                )
                 c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             db_eng.dispose()
