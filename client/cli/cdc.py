@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -41,7 +42,7 @@ from pymetaq.client.cli.common import (
     servers_of,
 )
 
-DEFAULT_SLOT = "pymetaq"
+SLOT_PREFIX = "pymetaq_"
 DEFAULT_TARGET = "sqlite:///replica.db"
 DEFAULT_GROUP = "cdc-replica"
 
@@ -56,8 +57,9 @@ def add_parser(subparsers: Any) -> None:
     c.add_argument("--source", required=True, metavar="URL",
                    help="the source database: postgresql://user@host:port/db")  # fmt: skip
     c.add_argument("--topic", required=True)
-    c.add_argument("--slot", default=DEFAULT_SLOT,
-                   help=f"logical replication slot (test_decoding; default {DEFAULT_SLOT})")  # fmt: skip
+    c.add_argument("--slot",
+                   help="logical replication slot (test_decoding; default pymetaq_<topic>, "
+                   "'-' and '.' as '_')")  # fmt: skip
     c.add_argument("--partitioning", choices=["total", "key"], default="total",
                    help="total: one partition, whole transactions (default); "
                    "key: by table and primary key")  # fmt: skip
@@ -159,10 +161,16 @@ def run_capture(args: argparse.Namespace, err: IO[str] | None = None) -> int:
     source = database_url(args.source, "--source")
     from pymetaq.client.cdc.capture import Capture, CaptureConfig
 
-    spool = args.spool_dir or os.path.join("~/.pymetaq_cdc", args.slot)
+    slot = args.slot or SLOT_PREFIX + re.sub(r"[^a-z0-9_]", "_", args.topic.lower())
+    if not re.fullmatch(r"[a-z0-9_]{1,63}", slot):
+        raise UsageError(
+            f"bad slot name {slot!r}: PostgreSQL slot names are 1-63 of a-z, 0-9 and _",
+            "name one with --slot",
+        )
+    spool = args.spool_dir or os.path.join("~/.pymetaq_cdc", slot)
     cfg = CaptureConfig(
         source=source,
-        slot=args.slot,
+        slot=slot,
         topic=args.topic,
         spool_dir=os.path.abspath(os.path.expanduser(spool)),
         partitioning=args.partitioning,
@@ -175,7 +183,7 @@ def run_capture(args: argparse.Namespace, err: IO[str] | None = None) -> int:
             st = cap.run(once=args.once)
     err.write(
         f"captured {st.transactions:,} transactions ({st.changes:,} changes, "
-        f"{st.messages:,} messages) from slot {args.slot}"
+        f"{st.messages:,} messages) from slot {slot}"
         + (f", confirmed up to {st.confirmed_lsn}" if st.confirmed_lsn else "")
         + "\n"
     )
