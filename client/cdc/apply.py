@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pymetaq.client.cdc.decoding import Change, Transaction
-from pymetaq.client.cdc.message import Part, decode, join
+from pymetaq.client.cdc.message import Part, decode_all, join
 from pymetaq.client.errors import MetaClientError, MissingDependency
 
 try:
@@ -174,7 +174,7 @@ class Applier:
         self.store = SqlOffsetStore(engine=self.engine)
         self.stats = ApplyStats()
         self._tables = _Tables(self.engine)
-        self._parts: dict[str, list[tuple[Part, Any]]] = {}
+        self._parts: dict[str, list[Part]] = {}
         self._overrides = consumer_overrides
         self._stop = threading.Event()
         #: called after each replica commit with the source transactions it applied
@@ -196,6 +196,34 @@ class Applier:
         if missing:
             raise ReplicaDiverged(f"the replica table {t.name} has no column {missing[0]!r}")
         return {k: _coerce(v, t.c[k]) for k, v in row.items()}
+
+    def _apply_changes(self, conn: Connection, changes: Sequence[Change]) -> None:
+        """In order; a run of inserts into one table with the same columns is one
+        ``executemany`` (one round trip on PostgreSQL)."""
+        run: list[Change] = []
+        for c in changes:
+            if run and not (
+                c.op == "insert" and c.table == run[0].table and c.row.keys() == run[0].row.keys()  # type: ignore[union-attr]
+            ):
+                self._insert_many(conn, run)
+                run = []
+            if c.op == "insert":
+                run.append(c)
+            else:
+                self._apply_change(conn, c)
+        if run:
+            self._insert_many(conn, run)
+
+    def _insert_many(self, conn: Connection, run: list[Change]) -> None:
+        if len(run) == 1:
+            self._apply_change(conn, run[0])
+            return
+        t = self._tables.get(conn, run[0].table)
+        rows = [self._values(t, c.row) for c in run if c.row is not None]
+        try:
+            conn.execute(t.insert(), rows)
+        except sa.exc.IntegrityError as e:
+            raise ReplicaDiverged(f"insert of {t.name} refused: {e.orig}") from None
 
     def _apply_change(self, conn: Connection, c: Change) -> None:
         if c.op == "truncate":
@@ -257,14 +285,15 @@ class Applier:
                 if tx.lsn <= (stored if top is None else top.lsn):
                     self.stats.duplicates += 1
                     continue
-                for c in tx.changes:
-                    self._apply_change(conn, c)
+                self._apply_changes(conn, tx.changes)
                 marks[pkey] = (stored, tx)
                 applied.append(tx)
             for pkey, (stored, top) in marks.items():
                 if top is not None:
                     self._set_watermark(conn, pkey, top, stored)
-            self.store.commit_in(conn, self.config.group, [offset_entry(m) for _, _, m in ready])
+            self.store.commit_in(
+                conn, self.config.group, [offset_entry(m) for _, _, m in ready if m is not None]
+            )
         now = time.time()
         for tx in applied:
             t0 = _commit_seconds(tx.commit_time)
@@ -277,23 +306,26 @@ class Applier:
         return applied
 
     def _collect(self, messages: Sequence[Any]) -> list[tuple[str, Transaction, Any]]:
-        """Messages -> the whole transactions they complete (parts are kept until the last)."""
-        ready = []
+        """Messages -> the whole transactions they complete (parts are kept until the last),
+        each with its message if it is the message's last transaction (else None: the offset
+        moves past a message only with its last transaction)."""
+        ready: list[tuple[str, Transaction, Any]] = []
         for m in messages:
             try:
-                part = decode(m.value)
+                parts = decode_all(m.value)
             except ValueError as e:
                 raise ReplicaDiverged(
                     f"{m.topic}/{m.partition_key} offset {m.offset}: {e}"
                 ) from None
             pending = self._parts.setdefault(m.partition_key, [])
-            if part.part == 1:
-                pending.clear()  # a replay restarts the transaction
-            pending.append((part, m))
-            if part.part == part.parts:
-                tx = join([p for p, _ in pending])
-                ready.append((m.partition_key, tx, m))
-                pending.clear()
+            for i, part in enumerate(parts):
+                if part.part == 1:
+                    pending.clear()  # a replay restarts the transaction
+                pending.append(part)
+                if part.part == part.parts:
+                    last = m if i == len(parts) - 1 else None
+                    ready.append((m.partition_key, join(pending), last))
+                    pending.clear()
         return ready
 
     def run(self, *, idle_timeout_s: float | None = None) -> ApplyStats:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pymetaq.client.cdc.decoding import Change, Transaction, format_lsn, transactions
-from pymetaq.client.cdc.message import MAX_BYTES, encode
+from pymetaq.client.cdc.message import MAX_BYTES, batch, encode
 from pymetaq.client.errors import MetaClientError
 
 log = logging.getLogger("pymetaq.cdc")
@@ -208,18 +208,45 @@ class Capture:
             ]
         return out
 
-    def _publish(self, txs: list[Transaction], producer: Any) -> bool:
-        """Send the round's transactions in order; True when all are acknowledged."""
-        spooled = False
+    def _batched(self, txs: list[Transaction], producer: Any) -> list[tuple[int, bytes]]:
+        """The round's messages in send order: per partition, consecutive whole transactions
+        share a message up to ``max_message_bytes`` (a part of a larger one travels alone)."""
+        out: list[tuple[int, bytes]] = []
+        pending: dict[int, list[bytes]] = {}
+        sizes: dict[int, int] = {}
+
+        def flush(idx: int) -> None:
+            msgs = pending.pop(idx, [])
+            sizes.pop(idx, None)
+            if msgs:
+                out.append((idx, msgs[0] if len(msgs) == 1 else batch(msgs)))
+
         for tx in txs:
             if not tx.changes:
                 continue  # nothing to replicate (e.g. only a logical message)
-            for idx, value in self._messages(tx, producer):
-                r = producer.send(self.config.topic, value, partition=idx)
-                if not r.success:
-                    raise CaptureError(f"the broker refused transaction {tx.xid}: {r.error}")
-                spooled |= r.spooled
-                self.stats.messages += 1
+            messages = self._messages(tx, producer)
+            whole = len({idx for idx, _ in messages}) == len(messages)
+            for idx, value in messages:
+                if not whole or sizes.get(idx, 0) + len(value) > self.config.max_message_bytes:
+                    flush(idx)
+                if not whole:
+                    out.append((idx, value))
+                    continue
+                pending.setdefault(idx, []).append(value)
+                sizes[idx] = sizes.get(idx, 0) + len(value) + 1
+        for idx in sorted(pending):
+            flush(idx)
+        return out
+
+    def _publish(self, txs: list[Transaction], producer: Any) -> bool:
+        """Send the round's transactions in order; True when all are acknowledged."""
+        spooled = False
+        for idx, value in self._batched(txs, producer):
+            r = producer.send(self.config.topic, value, partition=idx)
+            if not r.success:
+                raise CaptureError(f"the broker refused a message: {r.error}")
+            spooled |= r.spooled
+            self.stats.messages += 1
         while spooled and not producer.flush(1.0):
             if self._stop.is_set():
                 return False  # still spooled: the slot stays, the next run sends them again

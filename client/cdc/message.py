@@ -13,7 +13,9 @@ Byte layout: a UTF-8 JSON object, one per message::
 is what the apply side deduplicates by), ``time`` the source's commit timestamp. A transaction
 whose JSON would exceed ``max_bytes`` is cut into ``parts`` consecutive messages of the same
 partition, each carrying ``xid``/``lsn``; the apply side applies it only when the last part has
-arrived. Pure functions; thread-safe.
+arrived. Small transactions committed close together travel as a batch: a JSON array of such
+objects (each ``"parts": 1``), in commit order, up to ``max_bytes``. Pure functions;
+thread-safe.
 """
 
 from __future__ import annotations
@@ -74,32 +76,55 @@ def encode(tx: Transaction, max_bytes: int = MAX_BYTES) -> list[bytes]:
     return out
 
 
-def decode(value: bytes) -> Part:
-    """A message's bytes -> :class:`Part`; ``ValueError`` for anything else."""
+def _part(doc: Any) -> Part:
+    if not isinstance(doc, dict) or doc.get("v") != VERSION:
+        raise ValueError(f"not a version-{VERSION} CDC message")
+    changes = [
+        Change(
+            c["op"],
+            c["table"],
+            row=c.get("row"),
+            key=c.get("key"),
+            tables=tuple(c.get("tables", ())),
+        )
+        for c in doc["changes"]
+    ]
+    return Part(
+        int(doc["xid"]),
+        parse_lsn(doc["lsn"]),
+        doc.get("time"),
+        int(doc["part"]),
+        int(doc["parts"]),
+        changes,
+    )
+
+
+def decode_all(value: bytes) -> list[Part]:
+    """A message's bytes -> its parts (one, or a batch's whole transactions in commit order);
+    ``ValueError`` for anything else."""
     try:
         doc = json.loads(value)
-        if not isinstance(doc, dict) or doc.get("v") != VERSION:
-            raise ValueError(f"not a version-{VERSION} CDC message")
-        changes = [
-            Change(
-                c["op"],
-                c["table"],
-                row=c.get("row"),
-                key=c.get("key"),
-                tables=tuple(c.get("tables", ())),
-            )
-            for c in doc["changes"]
-        ]
-        return Part(
-            int(doc["xid"]),
-            parse_lsn(doc["lsn"]),
-            doc.get("time"),
-            int(doc["part"]),
-            int(doc["parts"]),
-            changes,
-        )
+        if isinstance(doc, list):
+            parts = [_part(d) for d in doc]
+            if not parts or any(p.parts != 1 for p in parts):
+                raise ValueError("a batch holds whole transactions only")
+            return parts
+        return [_part(doc)]
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
         raise ValueError(f"not a CDC message: {e}") from None
+
+
+def decode(value: bytes) -> Part:
+    """A one-transaction (or one-part) message's bytes -> :class:`Part`."""
+    parts = decode_all(value)
+    if len(parts) != 1:
+        raise ValueError(f"a batch of {len(parts)} transactions, not one")
+    return parts[0]
+
+
+def batch(messages: Sequence[bytes]) -> bytes:
+    """Several one-part messages (whole transactions, in commit order) as one message."""
+    return b"[" + b",".join(messages) + b"]"
 
 
 def join(parts: Sequence[Part]) -> Transaction:

@@ -17,7 +17,7 @@ from pymetaq.client.cdc.decoding import (
     parse_lsn,
     transactions,
 )
-from pymetaq.client.cdc.message import decode, encode, join
+from pymetaq.client.cdc.message import batch, decode, decode_all, encode, join
 
 # INSERT INTO c VALUES (1, 'O''Br ien', true, 12.50, '{1,2}', 'x y', now(), '{"a": "b c"}',
 #                       '\x00ff', 1.5)
@@ -134,3 +134,19 @@ def test_message_round_trip_and_parts() -> None:
     for bad in (b"", b"[]", b'{"v": 2}', b'{"v": 1, "xid": 1}', b"\xff"):
         with pytest.raises(ValueError):
             decode(bad)
+
+
+def test_a_batch_message_holds_whole_transactions_in_order() -> None:
+    txs = [
+        Transaction(i, parse_lsn(f"0/{i:X}0"), None, [Change("insert", "public.t", row={"id": i})])
+        for i in range(1, 4)
+    ]
+    value = batch([encode(t)[0] for t in txs])
+    assert [join([p]) for p in decode_all(value)] == txs
+    with pytest.raises(ValueError, match="batch of 3"):
+        decode(value)
+    big = Transaction(9, 9, None, [Change("insert", "public.t", row={"id": i}) for i in range(99)])
+    with pytest.raises(ValueError, match="whole transactions"):
+        decode_all(batch(encode(big, max_bytes=100)))
+    with pytest.raises(ValueError):
+        decode_all(b"[]")
