@@ -148,6 +148,10 @@ def _database_errors(which: str) -> Iterator[None]:
         raise UsageError(f"bad {which} URL: {e}") from None
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def _positive(value: int, flag: str) -> int:
     if value < 1:
         raise UsageError(f"{flag} must be at least 1, not {value}")
@@ -182,8 +186,8 @@ def run_capture(args: argparse.Namespace, err: IO[str] | None = None) -> int:
         with _stop_on_signals(cap.stop):
             st = cap.run(once=args.once)
     err.write(
-        f"captured {st.transactions:,} transactions ({st.changes:,} changes, "
-        f"{st.messages:,} messages) from slot {slot}"
+        f"captured {_n(st.transactions, 'transaction')} ({_n(st.changes, 'change')}, "
+        f"{_n(st.messages, 'message')}) from slot {slot}"
         + (f", confirmed up to {st.confirmed_lsn}" if st.confirmed_lsn else "")
         + "\n"
     )
@@ -213,7 +217,7 @@ def run_apply(args: argparse.Namespace, err: IO[str] | None = None) -> int:
         finally:
             app.close()
     err.write(
-        f"applied {st.transactions:,} transactions ({st.changes:,} changes; "
+        f"applied {_n(st.transactions, 'transaction')} ({_n(st.changes, 'change')}; "
         f"{st.duplicates:,} replayed ones skipped) to {target}\n"
     )
     return 0

@@ -139,7 +139,7 @@ def test_a_replica_that_does_not_fit_stops_apply_with_the_reason(
         execute(replica, "DELETE FROM t WHERE id = 2")
         r = cli(*app, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
-        assert "applied 1 transactions (2 changes" in r.stderr
+        assert "applied 1 transaction (2 changes" in r.stderr
     assert rows(replica, "t") == rows(source, "t") == [(1, "c"), (2, "b")]
 
 
