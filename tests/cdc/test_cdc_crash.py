@@ -126,6 +126,36 @@ def test_sigkill_capture_and_apply_replica_equals_source(
             pg_server.drop_database(replica_db)
 
 
+def kill_rounds(
+    rounds: int,
+    rng: random.Random,
+    capture: Side,
+    apply: Side,
+    workload: Workload,
+    read_replica: Callable[[], tuple[int, State]],
+) -> list[int]:
+    """Start what is down, let it work (sampling the replica), SIGKILL one side or both;
+    the ``txcount`` of every sample."""
+    seen: list[int] = []
+    pause = threading.Event()
+    for r in range(rounds):
+        for side in (capture, apply):
+            if side.proc is None:
+                side.start()
+        # a process needs 1-3 s to start on a loaded machine: rounds of 1.6-6 s
+        for _ in range(rng.randint(2, 3)):
+            pause.wait(rng.uniform(0.8, 2.0))
+            check_boundary(workload, read_replica, seen)
+        capture.check_alive()
+        apply.check_alive()
+        victims = rng.choice(((capture,), (apply,), (capture, apply)))
+        print(f"round {r}: kill {', '.join(v.args[0] for v in victims)} at "
+              f"{len(workload.log)} source transactions, replica at {seen[-1]}")  # fmt: skip
+        for v in victims:
+            v.kill()
+    return seen
+
+
 def run_rounds(tmp_path: Path, rng: random.Random, source: str, rounds: int, pg: str) -> None:
     """The rounds against a SQLite replica (``pg`` empty) or the PostgreSQL one at ``pg``."""
     target = pg or f"sqlite:///{tmp_path / 'replica.db'}"
@@ -153,24 +183,8 @@ def run_rounds(tmp_path: Path, rng: random.Random, source: str, rounds: int, pg:
         capture.run_to_end("--once")
         workload = Workload(source, rng, RATE)
         workload.start()
-        seen: list[int] = []
-        pause = threading.Event()
         try:
-            for r in range(rounds):
-                for side in (capture, apply):
-                    if side.proc is None:
-                        side.start()
-                # a process needs 1-3 s to start on a loaded machine: rounds of 1.6-6 s
-                for _ in range(rng.randint(2, 3)):
-                    pause.wait(rng.uniform(0.8, 2.0))
-                    check_boundary(workload, read_replica, seen)
-                capture.check_alive()
-                apply.check_alive()
-                victims = rng.choice(((capture,), (apply,), (capture, apply)))
-                print(f"round {r}: kill {', '.join(v.args[0] for v in victims)} at "
-                      f"{len(workload.log)} source transactions, replica at {seen[-1]}")  # fmt: skip
-                for v in victims:
-                    v.kill()
+            seen = kill_rounds(rounds, rng, capture, apply, workload, read_replica)
         finally:
             workload.stop.set()
             workload.join(30)
