@@ -123,9 +123,13 @@ def find_pg_bindir() -> str:
 class PostgresServer:
     """A throw-away PostgreSQL cluster: initdb + ``postgres`` in the foreground."""
 
-    def __init__(self, max_prepared_transactions: int = 20) -> None:
+    def __init__(
+        self, max_prepared_transactions: int = 20, settings: dict[str, str] | None = None
+    ) -> None:
         self.bindir = find_pg_bindir()
         self.max_prepared_transactions = max_prepared_transactions
+        #: ``-c`` settings over the test defaults (e.g. ``synchronous_commit=on`` for a benchmark)
+        self.extra_settings = dict(settings or {})
         self.port = 0
         self.dir: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -172,6 +176,10 @@ class PostgresServer:
             "synchronous_commit": "off",
             "full_page_writes": "off",
             "shared_buffers": "32MB",
+            # logical decoding (pymetaq cdc capture reads a replication slot)
+            "wal_level": "logical",
+            "max_replication_slots": "20",
+            **self.extra_settings,
         }
         args = [f"{self.bindir}/postgres", "-D", str(data)]
         for k, v in settings.items():
@@ -220,7 +228,8 @@ class PostgresServer:
         return name
 
     def drop_database(self, name: str) -> None:
-        """Roll back the database's in-doubt prepared xacts, then drop it (FORCE)."""
+        """Roll back the database's in-doubt prepared xacts, drop its replication slots, then
+        drop it (FORCE)."""
         import sqlalchemy as sa
 
         eng = sa.create_engine(self.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
@@ -238,7 +247,12 @@ class PostgresServer:
                 with db_eng.connect() as dc:
                     for gid in gids:
                         dc.exec_driver_sql("ROLLBACK PREPARED '" + gid.replace("'", "''") + "'")
-            with eng.connect() as c:
+            with eng.connect() as c:  # a replication slot (pymetaq cdc) also blocks the drop
+                c.exec_driver_sql(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE database = %(d)s AND NOT active",
+                    {"d": name},
+                )
                 c.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             db_eng.dispose()

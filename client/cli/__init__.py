@@ -1,6 +1,6 @@
 """The client's ``pymetaq`` subcommands: ``produce``, ``consume``, ``offsets``, ``topics``,
 ``stats``, ``top``, ``admin``, ``cluster``, ``verify`` (two replicas compared), ``tail`` (log
-shipping) (what they share — servers, offset stores, output,
+shipping), ``cdc`` (change data capture) (what they share — servers, offset stores, output,
 errors — is in ``common``).
 
 ``pymetaq.server.cli`` (which keeps ``main()``) imports this package and the server's own
@@ -16,6 +16,7 @@ from typing import Any
 
 from pymetaq.client.cli import (
     admin,
+    cdc,
     cluster,
     consume,
     offsets,
@@ -30,5 +31,17 @@ from pymetaq.client.cli import (
 
 def add_parsers(subparsers: Any) -> None:
     """Register every client command on an ``ArgumentParser``'s subparsers."""
-    for command in (produce, consume, offsets, topics, stats, top, admin, cluster, verify, tail):
+    for command in (
+        produce,
+        consume,
+        offsets,
+        topics,
+        stats,
+        top,
+        admin,
+        cluster,
+        verify,
+        tail,
+        cdc,
+    ):
         command.add_parser(subparsers)

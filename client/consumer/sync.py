@@ -363,6 +363,17 @@ class Consumer(ConsumerFace):
         self._open()
         self.seek(tp, self._lt.run(self._engine.bound(tp, end=True)))
 
+    def beginning_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Each partition's first available offset (after retention), asked of its broker
+        (Kafka's ``beginning_offsets``); nothing is seeked."""
+        self._open()
+        return {tp: self._lt.run(self._engine.bound(tp, end=False)) for tp in partitions}
+
+    def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Each partition's end offset (where the next message will be stored)."""
+        self._open()
+        return {tp: self._lt.run(self._engine.bound(tp, end=True)) for tp in partitions}
+
     def commit(self) -> None:
         """Write the consumed positions now (poll mode: including the last poll's messages;
         while iterating, the messages handed out so far)."""
