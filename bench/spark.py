@@ -43,6 +43,7 @@ def session() -> Any:
     from pymetaq.spark import register
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to a loopback" warning
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
