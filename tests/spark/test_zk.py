@@ -11,10 +11,11 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
+from pymetaq.client.cli.stats import stats_lines
 from pymetaq.client.producer.sync import Producer
 from pymetaq.client.protocol.zk import ZkPaths
 from tests._broker import BrokerProcess
@@ -32,9 +33,16 @@ TOPICS = {
 }
 
 
+class Cluster(NamedTuple):
+    url: str  # zk://hosts/<chroot>/meta
+    broker: BrokerProcess
+
+
 @pytest.fixture(scope="module")
-def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A broker registered under a fresh ZooKeeper root; yields its ``zk://`` URL."""
+def zk_cluster(
+    zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """A broker registered under a fresh ZooKeeper root."""
     from kazoo.client import KazooClient
 
     chroot = f"/t-{uuid.uuid4().hex}"
@@ -49,14 +57,14 @@ def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
             "zk.zkSyncTimeMs": 200,
         }
         base: Path = tmp_path_factory.mktemp("spark-zk")
-        with BrokerProcess.start(base, topics=TOPICS, zookeeper=zk):
+        with BrokerProcess.start(base, topics=TOPICS, zookeeper=zk) as broker:
             paths = ZkPaths(chroot + "/meta")
             wait_for(
                 lambda: all(admin.exists(paths.topic_sub(t)) for t in TOPICS),
                 30,
                 "the broker's topics registered in ZooKeeper",
             )
-            yield f"zk://{zk_server.hosts}{chroot}/meta"
+            yield Cluster(f"zk://{zk_server.hosts}{chroot}/meta", broker)
         admin.delete(chroot, recursive=True)
     finally:
         admin.stop()
@@ -70,7 +78,8 @@ def read(spark: Any, url: str, **options: str) -> Any:
     return r.load()
 
 
-def test_write_and_read_back_through_zookeeper(spark: Any, cluster: str):
+def test_write_and_read_back_through_zookeeper(spark: Any, zk_cluster: Cluster):
+    cluster = zk_cluster.url
     rows = [(f"k{i % 5}", f"zk-{i:03d}") for i in range(40)]
     df = spark.createDataFrame(rows, "key string, value string")
     df.write.format("pymetaq").option("pymetaq.servers", cluster).option("topic", "zk-a").mode(
@@ -87,7 +96,8 @@ def test_write_and_read_back_through_zookeeper(spark: Any, cluster: str):
         assert len({r.partition for r in got if r.key == key}) == 1
 
 
-def test_subscribe_pattern_matches_the_registered_topics(spark: Any, cluster: str):
+def test_subscribe_pattern_matches_the_registered_topics(spark: Any, zk_cluster: Cluster):
+    cluster = zk_cluster.url
     with Producer(cluster) as p:
         p.send_and_wait("zk-b", b"from-b")
         p.send_and_wait("other", b"not-matched")
@@ -113,7 +123,8 @@ def cluster_group(url: str, group: str) -> dict[str, Any]:
     return {r["partition"]: r for r in groups[0]["partitions"] if r["topic"] == "zk-g"}
 
 
-def test_group_commits_show_the_query_progress(spark: Any, cluster: str, tmp_path: Path):
+def test_group_commits_show_the_query_progress(spark: Any, zk_cluster: Cluster, tmp_path: Path):
+    cluster = zk_cluster.url
     with Producer(cluster) as p:
         for i in range(30):
             p.send_async("zk-g", b"g-%02d" % i, partition=f"0-{i % 2}")
@@ -148,3 +159,7 @@ def test_group_commits_show_the_query_progress(spark: Any, cluster: str, tmp_pat
     assert {k: r["committed"] for k, r in rows.items()} == behind
     assert {k: r["end"] for k, r in rows.items()} == end
     assert all(r["lag"] == end[k] - behind[k] for k, r in rows.items())
+    # the executors' gets carry the group's name: the broker's fetch lag lists the query
+    b = zk_cluster.broker
+    lag = [line.split()[:4] for line in stats_lines(b.host, b.port, "lag", 10.0)]
+    assert ["spark-g", "zk-g", "part", "0"] in lag and ["spark-g", "zk-g", "part", "1"] in lag
