@@ -2,13 +2,14 @@
 
 * **read**: rows/s of a batch read of N 100-byte messages through Spark (``sum(length(value))``
   over ``spark.read.format("pymetaq")``) against the plain ``Consumer`` reading the same topic;
-* **sink**: rows/s of a streaming copy of the topic (``availableNow``) with the at-least-once
-  sink against the exactly-once sink (XA branches + the driver's commit);
+* **sink**: rows/s of a streaming copy of the topic (``availableNow``, ``maxOffsetsPerTrigger``
+  rows per micro-batch: ``--per-trigger``) with the at-least-once sink against the exactly-once
+  sink (XA branches + the driver's commit);
 * **latency**: append-to-sink time of a streaming copy at a fixed trigger (200 ms): one
   message appended at a time, the time until it is readable in the sink topic.
 
 ```
-python -m bench.spark [--messages 1000000] [--latency-samples 10] [--json]
+python -m bench.spark [--messages 1000000] [--latency-samples 10] [--per-trigger 100000] [--json]
 ```
 
 Prints a table, or JSON with ``--json``. Timings on a shared 2-core machine are noisy: run it
@@ -42,6 +43,7 @@ def session() -> Any:
     from pymetaq.spark import register
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to a loopback" warning
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
@@ -83,12 +85,15 @@ def spark_read_rate(spark: Any, servers: str, n: int) -> float:
     return n / elapsed
 
 
-def copy_rate(spark: Any, servers: str, n: int, topic: str, guarantee: str, ck: Path) -> float:
+def copy_rate(
+    spark: Any, servers: str, n: int, topic: str, guarantee: str, ck: Path, per_trigger: int
+) -> float:
     q = (
         spark.readStream.format("pymetaq")
         .option("pymetaq.servers", servers)
         .option("subscribe", "src")
         .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(per_trigger))
         .load()
         .select("value")
         .writeStream.format("pymetaq")
@@ -144,6 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.spark")
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--latency-samples", type=int, default=10)
+    ap.add_argument(
+        "--per-trigger",
+        type=int,
+        default=100_000,
+        help="maxOffsetsPerTrigger of the streaming copies (an exactly-once task must send its "
+        "share within the broker's transaction timeout, maxTxTimeoutInSeconds=60)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with (
@@ -157,13 +169,26 @@ def main(argv: list[str] | None = None) -> int:
             spark_read_rate(spark, servers, args.messages)  # warm-up: workers, JIT
             result: dict[str, Any] = {
                 "messages": args.messages,
+                "per_trigger": args.per_trigger,
                 "read_consumer_rows_s": consumer_rate(servers, args.messages),
                 "read_spark_rows_s": spark_read_rate(spark, servers, args.messages),
                 "sink_at_least_once_rows_s": copy_rate(
-                    spark, servers, args.messages, "alo", "at-least-once", Path(tmp) / "ck1"
+                    spark,
+                    servers,
+                    args.messages,
+                    "alo",
+                    "at-least-once",
+                    Path(tmp) / "ck1",
+                    args.per_trigger,
                 ),
                 "sink_exactly_once_rows_s": copy_rate(
-                    spark, servers, args.messages, "eo", "exactly-once", Path(tmp) / "ck2"
+                    spark,
+                    servers,
+                    args.messages,
+                    "eo",
+                    "exactly-once",
+                    Path(tmp) / "ck2",
+                    args.per_trigger,
                 ),
             }
             lat = sorted(latency(spark, servers, args.latency_samples, Path(tmp) / "ck3"))
@@ -173,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.messages} messages of 100 bytes, 2 partitions, local[2]")
+    print(
+        f"{args.messages} messages of 100 bytes, 2 partitions, local[2], "
+        f"copies at maxOffsetsPerTrigger={args.per_trigger}"
+    )
     print(f"{'case':<36}{'rows/s':>12}")
     for key in ("read_consumer", "read_spark", "sink_at_least_once", "sink_exactly_once"):
         print(f"{key:<36}{result[key + '_rows_s']:>12,.0f}")

@@ -3,7 +3,8 @@ the executors run (:func:`read_range`), yielding ``pyarrow.RecordBatch``es.
 
 :class:`Brokers` is a synchronous face over the client's ``BrokerTransport`` (its own event
 loop, run in the calling thread): the topics matching a subscription, each partition's bounds
-(``offset`` requests), raw ``get``s. Each Spark task opens its own (executors are separate
+(``offset`` requests), raw ``get``s. A ``subscribePattern`` is matched against the topics
+registered in ZooKeeper (``zk://`` servers) or those the brokers list (``meta://``). Each Spark task opens its own (executors are separate
 processes); the driver-side readers open one lazily and drop it when pickled.
 
 :func:`read_range` reads ``[start, end)`` of one partition: ``get`` from ``start``, check the
@@ -27,7 +28,8 @@ from pymetaq.client.consumer.config import ConsumerConfig
 from pymetaq.client.consumer.scan import scan
 from pymetaq.client.consumer.transport import BrokerTransport, FetchReply, FetchStatus
 from pymetaq.client.errors import CorruptMessage, MetaClientError
-from pymetaq.client.transport.servers import parse_servers, zk_servers
+from pymetaq.client.transport.servers import parse_servers
+from pymetaq.client.transport.zkbrokers import ZkBrokerSet
 from pymetaq.client.types import ID_EPOCH_MS, ID_TIME_SHIFT, Message, TopicPartition
 from pymetaq.spark.offsets import DataLoss, walk_records
 from pymetaq.spark.options import SparkOptionError, Subscription
@@ -76,6 +78,13 @@ class Brokers:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def registry(self) -> ZkBrokerSet | None:
+        """The broker set of ``zk://`` servers (its ``zk`` client, its root); None for
+        ``meta://`` servers."""
+        brokers = self._tr.brokers
+        return brokers if isinstance(brokers, ZkBrokerSet) else None
+
     def partitions(self, topic: str) -> list[TopicPartition]:
         return self._run(self._tr.partitions(topic))
 
@@ -91,22 +100,33 @@ class Brokers:
         return self._run(self._tr.fetch(tp, self.group, offset, size, 0))
 
     def topics(self, sub: Subscription) -> list[str]:
-        """The topics of a subscription (a pattern is matched against the brokers' topics)."""
+        """The topics of a subscription. A pattern is matched against the topics the cluster
+        serves: with ``zk://`` servers, the topics registered in ZooKeeper for subscribers
+        (``brokers/topics-sub``); with ``meta://`` servers, the topics each broker lists."""
         if sub.pattern is None:
             return list(sub.topics) or [t for t, _ in sub.assigned]
-        if zk_servers(self.servers) is not None:
-            raise SparkOptionError(
-                "option 'subscribePattern' needs meta:// servers (the brokers list their "
-                "topics); with zk:// servers use 'subscribe'"
-            )
+        names = self._broker_topics() if self.registry is None else self._registered_topics()
+        return sorted(t for t in names if re.fullmatch(sub.pattern, t))
+
+    def _registered_topics(self) -> set[str]:
+        from kazoo.exceptions import NoNodeError  # a started ZkBrokerSet has kazoo
+
+        registry = self.registry
+        assert registry is not None
+        try:
+            return set(registry.zk.get_children(registry.url.paths.topics_sub_root))
+        except NoNodeError:  # no broker registered a topic yet
+            return set()
+
+    def _broker_topics(self) -> set[str]:
         from pymetaq.client.cli.topics import broker_topics
 
         names = set()
         for host, port in parse_servers(self.servers):
             for row in broker_topics(host, port, 10.0):
-                if not row["pattern"] and re.fullmatch(sub.pattern, row["topic"]):
+                if not row["pattern"]:
                     names.add(row["topic"])
-        return sorted(names)
+        return names
 
     def subscribed(self, sub: Subscription) -> list[TopicPartition]:
         """Every partition a subscription covers, sorted."""

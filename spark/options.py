@@ -15,7 +15,9 @@ Option names are case-insensitive (Spark's are); every value is a string.
 | ``minPartitions`` | batch read | split large ranges (at segment starts) into at least this many tasks | one task per partition |
 | ``maxBytesPerTrigger`` | stream read | bytes of log per micro-batch (offsets are byte positions) | unlimited |
 | ``maxOffsetsPerTrigger`` | stream read | stored records per micro-batch | unlimited |
-| ``pymetaq.group`` | read | the group token of the executors' ``get`` requests (nothing is committed under it) | ``pymetaq-spark`` |
+| ``pymetaq.group`` | read | the group token of the executors' ``get`` requests (nothing is committed under it) | ``groupId``, else ``pymetaq-spark`` |
+| ``groupId`` | stream read | a consumer group under which each finished micro-batch's end offsets are committed (advisory: ``pymetaq cluster``, ``pymetaq offsets``, lag monitoring; Spark's checkpoint stays the truth) | none: no commits |
+| ``offsetStore`` | stream read | where ``groupId`` commits: ``zk://...``, ``file:<path>``, ``sqlite:///...``, ``postgresql+psycopg://...`` | ``zk://`` servers: their ZooKeeper; ``meta://``: the file store (``~/.pymetaq_offsets``) |
 | ``pymetaq.fetchSize`` | read | bytes asked for per ``get`` | 1048576 |
 | ``topic`` | write | the topic of rows without a ``topic`` column (or with a null one) | none |
 | ``deliveryGuarantee`` | stream write | ``at-least-once`` or ``exactly-once`` (XA branches, see :mod:`pymetaq.spark.exactly_once`) | ``at-least-once`` |
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 
 from pymetaq.client.errors import InvalidConfig
 from pymetaq.client.protocol.names import topic_name_error
+from pymetaq.client.protocol.zk import check_group
 from pymetaq.client.transport.servers import parse_servers, zk_servers
 
 #: the group token of the executors' ``get``/``offset`` requests
@@ -175,6 +178,40 @@ class ReadOptions:
     max_offsets_per_trigger: int | None
     group: str
     fetch_size: int
+    #: streaming: the consumer group the reader commits each batch's end under (advisory)
+    group_id: str | None = None
+    #: streaming: where ``group_id`` commits (None: the servers' ZooKeeper or the file store)
+    offset_store: str | None = None
+
+
+#: the offset stores ``offsetStore`` can name (see :func:`pymetaq.offsets.open_offset_store`)
+_STORES = ("zk://", "file:", "sqlite:", "postgresql")
+
+
+def group_options(opts: Mapping[str, str], *, streaming: bool) -> tuple[str | None, str | None]:
+    """``groupId`` and ``offsetStore``, checked (streaming reads only)."""
+    group_id, store = opts.get("groupid"), opts.get("offsetstore")
+    if not streaming and (group_id is not None or store is not None):
+        raise SparkOptionError(
+            "options 'groupId' and 'offsetStore' are for streaming reads (a batch read commits "
+            "nothing; 'pymetaq.group' names its gets)"
+        )
+    if group_id is not None:
+        try:
+            check_group(group_id.strip())
+        except ValueError as e:
+            raise SparkOptionError(f"option 'groupId': {e}") from None
+        group_id = group_id.strip()
+    if store is not None:
+        store = store.strip()
+        if group_id is None:
+            raise SparkOptionError("option 'offsetStore' needs 'groupId' (the group to commit)")
+        if not store.lower().startswith(_STORES):
+            raise SparkOptionError(
+                f"option 'offsetStore' must be zk://..., file:<path>, sqlite:///... or "
+                f"postgresql+psycopg://..., not {store!r}"
+            )
+    return group_id, store
 
 
 def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
@@ -193,7 +230,8 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         starting == "latest" or (isinstance(starting, dict) and _has(starting, -1))
     ):
         raise SparkOptionError("option 'startingOffsets' cannot be latest (-1) for a batch read")
-    group = opts.get("pymetaq.group", DEFAULT_GROUP).strip()
+    group_id, store = group_options(opts, streaming=streaming)
+    group = opts.get("pymetaq.group", group_id or DEFAULT_GROUP).strip()
     if not group or any(c.isspace() for c in group):
         raise SparkOptionError(f"option 'pymetaq.group' {group!r} must be one word")
     fetch_size = int_option(opts, "pymetaq.fetchSize", 1024) or DEFAULT_FETCH_SIZE
@@ -208,6 +246,8 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         max_offsets_per_trigger=int_option(opts, "maxOffsetsPerTrigger"),
         group=group,
         fetch_size=fetch_size,
+        group_id=group_id,
+        offset_store=store,
     )
 
 

@@ -18,6 +18,11 @@ boundaries), so a restart neither loses nor repeats rows.
   stored offset. A partition that disappears is a data loss (``failOnDataLoss``).
 * Offsets below a partition's first stored offset (retention): the executors raise
   :class:`~pymetaq.spark.offsets.DataLoss` or skip, per ``failOnDataLoss``.
+* **Group commits** (``groupId``, advisory): Spark calls :meth:`commit` with a batch's end once
+  that batch is checkpointed and the next one is planned; the reader commits those offsets under
+  the group (the servers' ZooKeeper for ``zk://``, the file store for ``meta://``, or
+  ``offsetStore``), so ``pymetaq cluster`` and ``pymetaq offsets`` show the query's progress,
+  one micro-batch behind. A restarted query still starts from its checkpoint, never from them.
 
 Thread-safety: Spark drives a reader from one thread (the stream runner); the metadata client is
 created lazily and dropped when the reader is pickled to the executors.
@@ -25,6 +30,7 @@ created lazily and dropped when the reader is pickled to the executors.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -38,12 +44,15 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from pymetaq.client.transport.servers import zk_servers
 from pymetaq.client.types import TopicPartition
+from pymetaq.offsets import FileOffsetStore, OffsetEntry, OffsetStore, open_offset_store
 from pymetaq.spark.batch_reader import RangePartition, read_partition
 from pymetaq.spark.fetch import Brokers, next_boundary
 from pymetaq.spark.offsets import DataLoss, Offsets, canonical, from_offsets, resolve, split_budget
 from pymetaq.spark.options import ReadOptions
 
+log = logging.getLogger(__name__)
 _NO_LIMIT = 1 << 62
 
 
@@ -52,10 +61,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self._brokers: Brokers | None = None
         self._target: dict[TopicPartition, int] | None = None
+        self._store: OffsetStore | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_brokers"] = None
+        state["_store"] = None
         return state
 
     def _b(self) -> Brokers:
@@ -136,9 +147,44 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_partition(self.opts, partition)
 
     def commit(self, end: Offsets) -> None:
-        pass
+        """Spark has checkpointed a batch ending at ``end`` (called when the next batch is
+        planned, so the group trails the query by one micro-batch): with ``groupId``, commit
+        ``end`` to the group's offset store. Advisory: a store that fails is logged, the query
+        goes on (its checkpoint is the source of truth)."""
+        if self.opts.group_id is None:
+            return
+        entries = [OffsetEntry(tp.topic, tp.key, off) for tp, off in from_offsets(end).items()]
+        try:
+            self._offset_store().commit(self.opts.group_id, entries)
+        except Exception as e:  # advisory: any store failure (ZooKeeper down, a bad path, ...)
+            log.warning("groupId %s: committing %s failed: %s", self.opts.group_id, end, e)
+            self._drop_store()
+
+    def _offset_store(self) -> OffsetStore:
+        if self._store is None:
+            spec, zk = self.opts.offset_store, zk_servers(self.opts.servers)
+            if spec is not None:
+                self._store = open_offset_store(spec)
+            elif zk is not None:  # the registry's ZooKeeper, through the reader's session
+                from pymetaq.offsets.zk import ZkOffsetStore
+
+                registry = self._b().registry
+                assert registry is not None
+                self._store = ZkOffsetStore(client=registry.zk, root=registry.url.root)
+            else:
+                self._store = FileOffsetStore()  # a meta:// Consumer's default store
+        return self._store
+
+    def _drop_store(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            try:
+                store.close()
+            except Exception as e:
+                log.warning("groupId %s: closing the offset store: %s", self.opts.group_id, e)
 
     def stop(self) -> None:
+        self._drop_store()
         if self._brokers is not None:
             self._brokers.close()
             self._brokers = None

@@ -155,3 +155,30 @@ def test_fail_on_data_loss_both_ways(spark: Any, tmp_path: Path):
             spark, b, subscribe="ret", startingOffsets='{"ret": {"0-0": 0}}', failOnDataLoss="false"
         ).collect()
         assert rows and min(r.offset for r in rows) >= start
+
+
+def test_format_found_without_register(spark: Any, broker: BrokerProcess):
+    """A session nobody called ``register()`` on finds format ``pymetaq`` through the
+    ``pyspark_pymetaq`` shim (Spark's lookup of top-level ``pyspark_*`` modules)."""
+    produce(broker, "keyed", [("0-1", b"via-shim")])
+    fresh = spark.newSession()  # its own data source registry: register() was not called
+    assert not registered(fresh, "pymetaq") and registered(spark, "pymetaq")
+    rows = (
+        fresh.read.format("pymetaq")
+        .option("pymetaq.servers", servers(broker))
+        .option("assign", '{"keyed": ["0-1"]}')
+        .load()
+        .collect()
+    )
+    assert [r.value for r in rows] == [b"via-shim"]
+    assert not registered(fresh, "pymetaq")  # still not registered: the shim served it
+
+
+def registered(session: Any, name: str) -> bool:
+    """Whether ``register()`` put ``name`` in this session's registry (the JVM's
+    ``runtimeDataSourceBuilders``; the builders found through ``pyspark_*`` modules are kept
+    apart, in ``staticDataSourceBuilders``)."""
+    manager = session._jsparkSession.sessionState().dataSourceManager()
+    field = manager.getClass().getDeclaredField("runtimeDataSourceBuilders")
+    field.setAccessible(True)
+    return bool(field.get(manager).containsKey(name))

@@ -68,6 +68,33 @@ def test_streaming_refuses_ending_offsets_and_write_options_check_topic():
         write_options({**SERVERS, "topic": "a b"})
 
 
+def test_group_id_and_offset_store_options():
+    base = {**SERVERS, "subscribe": "a"}
+    o = read_options({**base, "GROUPID": "etl"}, streaming=True)
+    assert (o.group_id, o.offset_store, o.group) == ("etl", None, "etl")  # gets named by it
+    o = read_options({**base, "groupId": "etl", "pymetaq.group": "g2"}, streaming=True)
+    assert (o.group_id, o.group) == ("etl", "g2")
+    o = read_options({**base, "groupId": "etl", "offsetStore": "file:/tmp/x"}, streaming=True)
+    assert o.offset_store == "file:/tmp/x"
+    assert read_options(base, streaming=True).group_id is None  # no group: no commits
+    assert read_options(base, streaming=True).group == "pymetaq-spark"
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "message"),
+    [
+        ({"groupId": "g"}, False, "'groupId' and 'offsetStore' are for streaming reads"),
+        ({"groupId": "a b"}, True, "option 'groupId': group name 'a b' contains"),
+        ({"groupId": "a/b"}, True, "option 'groupId': group name 'a/b' cannot be"),
+        ({"offsetStore": "file:/x"}, True, "'offsetStore' needs 'groupId'"),
+        ({"groupId": "g", "offsetStore": "redis://x"}, True, "must be zk://"),
+    ],
+)
+def test_bad_group_options(options, streaming, message):
+    with pytest.raises(SparkOptionError, match=message):
+        read_options({**SERVERS, "subscribe": "a", **options}, streaming=streaming)
+
+
 def test_offset_json_is_canonical_and_round_trips():
     offsets = {B0: 7, A1: 5, A0: 3}
     assert list(canonical(offsets)) == ["a", "b"]

@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 
 from pymetaq.client.producer.sync import Producer
+from pymetaq.client.types import TopicPartition
+from pymetaq.spark.fetch import Brokers
 from tests._broker import BrokerProcess
+from tests._helpers import wait_for
 from tests.spark.conftest import servers
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -33,10 +36,12 @@ def read_all(spark: Any, b: BrokerProcess, topic: str) -> list[Any]:
     )
 
 
-def run_available_now(spark: Any, b: BrokerProcess, ck: Path, **opts: str) -> list[int]:
-    """One availableNow run of stream -> copy; the rows of each micro-batch."""
+def run_available_now(
+    spark: Any, b: BrokerProcess, ck: Path, source: str = "stream", sink: str = "copy", **opts: str
+) -> list[int]:
+    """One availableNow run of source -> sink; the rows of each micro-batch."""
     r = spark.readStream.format("pymetaq").option("pymetaq.servers", servers(b))
-    r = r.option("subscribe", "stream").option("startingOffsets", "earliest")
+    r = r.option("subscribe", source).option("startingOffsets", "earliest")
     for k, v in opts.items():
         r = r.option(k, v)
     q = (
@@ -44,7 +49,7 @@ def run_available_now(spark: Any, b: BrokerProcess, ck: Path, **opts: str) -> li
         .select("key", "value")
         .writeStream.format("pymetaq")
         .option("pymetaq.servers", servers(b))
-        .option("topic", "copy")
+        .option("topic", sink)
         .option("checkpointLocation", str(ck))
         .trigger(availableNow=True)
         .start()
@@ -83,3 +88,39 @@ def test_max_bytes_per_trigger(spark: Any, broker: BrokerProcess, tmp_path: Path
     batches = run_available_now(spark, broker, tmp_path / "ck2", maxBytesPerTrigger="1000")
     assert sum(batches) == 65 and len(batches) >= 65 * 30 // 1000
     assert len(read_all(spark, broker, "copy")) == before + 65
+
+
+def test_fail_on_data_loss_both_ways_after_retention(spark: Any, tmp_path: Path):
+    """A query stopped at a position, retention deletes the segment holding it, the query
+    restarts from its checkpoint: ``failOnDataLoss=true`` fails naming the lost range;
+    ``false`` (same checkpoint) goes on from the first stored offset, nothing twice."""
+    topics: dict[str, dict[str, Any]] = {
+        "ret": {"deletePolicy": "delete,0s", "deleteWhen": "* * * * * ?"},
+        "ret-copy": {"numPartitions": 1},
+    }
+    ck = tmp_path / "ck"
+    with BrokerProcess.start(tmp_path / "b", system={"maxSegmentSize": 4096}, topics=topics) as b:
+        first_rows = [b"early-%d" % i for i in range(5)]
+        send(b, "ret", first_rows)
+        assert run_available_now(spark, b, ck, source="ret", sink="ret-copy") == [5]
+        tp = TopicPartition("ret", 0, 0)
+        with Brokers(servers(b), "t") as br:
+            stopped_at = br.bounds(tp)[1]
+        lost = [b"lost-%04d" % i + b"y" * 30 for i in range(400)]
+        send(b, "ret", lost)  # the rest of the query's segment
+        b.terminate()
+        b.launch()  # a new segment; retention covers the logs that exist when the broker starts
+        last = [b"last-%d" % i for i in range(10)]
+        send(b, "ret", last)
+
+        def first() -> int:
+            with Brokers(servers(b), "t") as br:
+                return br.bounds(tp)[0]
+
+        wait_for(lambda: first() > stopped_at, 60, "retention deleting the query's position")
+        with pytest.raises(Exception, match=f"data loss: ret/0-0 offsets {stopped_at}\\.\\."):
+            run_available_now(spark, b, ck, source="ret", sink="ret-copy")
+        run_available_now(spark, b, ck, source="ret", sink="ret-copy", failOnDataLoss="false")
+        copy = [r.value for r in read_all(spark, b, "ret-copy")]  # one partition: in order
+        # the first run's rows, then what is still stored: the deleted range skipped, no repeat
+        assert copy == first_rows + last

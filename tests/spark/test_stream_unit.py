@@ -5,12 +5,16 @@ snapshot, a vanished partition is a data loss (or dropped), limits are honoured 
 
 from __future__ import annotations
 
+import logging
+import pickle
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from pymetaq.client.types import TopicPartition
+from pymetaq.offsets import FileOffsetStore
 from pymetaq.spark.batch_reader import RangePartition
 from pymetaq.spark.offsets import DataLoss
 from pymetaq.spark.options import read_options
@@ -77,3 +81,28 @@ def test_default_read_limit_follows_the_options():
     limit = reader(fake, maxBytesPerTrigger="64").getDefaultReadLimit()
     assert isinstance(limit, ReadMaxBytes) and limit.max_bytes == 64
     assert reader(fake, maxOffsetsPerTrigger="5").getDefaultReadLimit().max_rows == 5  # type: ignore[attr-defined]
+
+
+def test_commit_records_the_end_under_group_id(tmp_path: Path):
+    store = tmp_path / "offsets.json"
+    r = reader(FakeBrokers({A0: (0, 100)}), groupId="etl", offsetStore=f"file:{store}")
+    r.commit({"a": {"0-0": 40, "0-1": 7}})
+    r.commit({"a": {"0-0": 90, "0-1": 7}})
+    got = FileOffsetStore(store).load_all("etl")
+    assert sorted((e.topic, e.partition, e.offset) for e in got) == [
+        ("a", "0-0", 90),
+        ("a", "0-1", 7),
+    ]
+    assert pickle.loads(pickle.dumps(r))._store is None  # the store stays on the driver
+    reader(FakeBrokers({A0: (0, 100)})).commit({"a": {"0-0": 40}})  # no groupId: nothing
+
+
+def test_a_failing_group_commit_is_logged_and_the_query_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    r = reader(FakeBrokers({A0: (0, 100)}), groupId="etl", offsetStore=f"file:{blocker}/x.json")
+    with caplog.at_level(logging.WARNING, logger="pymetaq.spark.stream_reader"):
+        r.commit({"a": {"0-0": 40}})
+    assert "groupId etl: committing" in caplog.text
