@@ -28,7 +28,12 @@ asyncio producer in its thread with ``asyncio.run``. One thread does both the se
 I/O there, so asyncio produce is about half the thread face's msgs/s.
 
 Cases mirror the peers (see ``bench/systems/redis_sys.py``): produce = ``send_many`` of
-``batch`` messages for ``seconds`` then ``flush()`` (counted: acks without error); consume =
+``batch`` messages for ``seconds`` then ``flush()`` (counted: acks without error);
+produce_each = one ``send_async`` per message (asyncio modes: ``send_nowait``, yielding to the
+loop every ``batch`` messages, waiting while ``ASYNC_WINDOW`` such bursts are unacknowledged)
+for ``seconds``, then ``flush()`` - the loop a Kafka or Redis user writes first, against
+redis-py's pipelined XADD (counted: the messages stored, from the offset of a final ``send``,
+since every record of the topic has the same size); consume =
 pre-fill then ``poll`` until drained or ``seconds``; ack latency = open-loop, every due message
 sent with ``send_async`` (the public per-message API), each message's latency taken when its
 own handle completes (the producer batches adaptively: it sends at once when nothing is in
@@ -83,6 +88,7 @@ PARTITIONS = 1
 THROUGHPUT_LINGER_MS = 5
 LATENCY_LINGER_MS = 0
 ASYNC_WINDOW = 32  # produce (asyncio face): unacknowledged send_many handles at most
+RECORD_HEADER = 20  # MetaQ's message header: every record of a produce_each topic is 20 + size
 
 SERVER_INI = """\
 [system]
@@ -197,6 +203,29 @@ class PymetaqSystem(System):
             self._topic(mode, "produce"), msg_bytes, batch, seconds, mode
         )
         return Throughput(count, count * msg_bytes, elapsed, note=note)
+
+    def produce_each(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
+        topic = self._topic(mode, "each")
+        value = filler(msg_bytes)
+        if _asyncio_face(mode):
+            producer = self._async_producer(batch, THROUGHPUT_LINGER_MS)
+            sent, elapsed, stored = asyncio.run(_each_async(producer, topic, value, batch, seconds))
+        else:
+            with self._producer(batch, THROUGHPUT_LINGER_MS) as producer:
+                producer.partitions(topic)
+                send = producer.send_async
+                sent = 0
+                start = time.perf_counter()
+                deadline = start + seconds
+                while time.perf_counter() < deadline:
+                    for _ in range(batch):
+                        send(topic, value)
+                    sent += batch
+                producer.flush()
+                elapsed = time.perf_counter() - start
+                stored = _stored(producer.send(topic, value), msg_bytes)
+        note = f"{sent - stored} of {sent} sends not stored" if stored != sent else ""
+        return Throughput(stored, stored * msg_bytes, elapsed, note=note)
 
     def consume(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
         topic = self._topic(mode, "consume")
@@ -320,6 +349,40 @@ class PymetaqSystem(System):
             producer.close()
         note = f"{errors.count} sends failed: {errors.first!r}" if errors.count else ""
         return sent - errors.count, elapsed, note
+
+
+def _stored(last: Any, msg_bytes: int) -> int:
+    """How many records precede ``last`` (a SendResult) in its one-partition topic."""
+    if not last.success:
+        raise RuntimeError(f"the final send failed: {last.error!r}")
+    return int(last.offset) // (RECORD_HEADER + msg_bytes)
+
+
+async def _each_async(
+    producer: Any, topic: str, value: bytes, batch: int, seconds: float
+) -> tuple[int, float, int]:
+    """produce_each through ``AsyncProducer.send_nowait``: ``batch`` sends, then a yield to the
+    loop (which does the I/O); at most ``ASYNC_WINDOW`` bursts unacknowledged."""
+    async with producer:
+        await producer.publish(topic)
+        send = producer.send_nowait
+        pending: list[Any] = []
+        sent = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            for _ in range(batch):
+                handle = send(topic, value)
+            sent += batch
+            pending.append(handle)
+            if len(pending) >= ASYNC_WINDOW:
+                await pending.pop(0)
+            else:
+                await asyncio.sleep(0)
+        await producer.flush()
+        elapsed = time.perf_counter() - start
+        last = await producer.send(topic, value)
+    return sent, elapsed, _stored(last, len(value))
 
 
 class _ErrorCount:

@@ -159,7 +159,44 @@ class SendHandle:
     raises ``TimeoutError`` if *waiting* timed out), ``exception()``, ``add_done_callback``,
     and ``await handle`` (asyncio). Not a ``concurrent.futures.Future``: use ``result()`` /
     callbacks rather than ``concurrent.futures.wait``.
+
+    Two kinds: :class:`BatchSendHandle` (the message is in a batch) and
+    :class:`~pymetaq.client.producer.lanes.LaneHandle` (the per-message path's lock-free
+    lane: the batch is found when asked); both implement :meth:`_where`.
     """
+
+    __slots__ = ()
+
+    def _where(self) -> tuple[Batch, int, int]:
+        """(the message's batch, its index in the batch, the bytes before it)."""
+        raise NotImplementedError
+
+    def done(self) -> bool:
+        return self._where()[0].fut.done()
+
+    def result(self, timeout: float | None = None) -> SendResult:
+        b, index, rel = self._where()
+        _wait(b.fut, timeout, "send")
+        return b.result_for(index, rel)
+
+    def exception(self, timeout: float | None = None) -> MetaClientError | None:
+        b = self._where()[0]
+        if b.fut.done():  # the common case in a callback: no SendResult needed
+            return b.error
+        return self.result(timeout).error
+
+    def add_done_callback(self, fn: Callable[[SendHandle], object]) -> None:
+        """``fn(handle)`` once acknowledged or failed (on the producer's I/O thread)."""
+        self._where()[0].add_callback(partial(fn, self))
+
+    def __await__(self) -> Generator[Any, None, SendResult]:
+        b, index, rel = self._where()
+        yield from _await(b.fut)
+        return b.result_for(index, rel)
+
+
+class BatchSendHandle(SendHandle):
+    """A :class:`SendHandle` that knows its batch (every path but the lane's)."""
 
     __slots__ = ("_batch", "_index", "_rel")
 
@@ -168,26 +205,11 @@ class SendHandle:
         self._index = index
         self._rel = rel
 
+    def _where(self) -> tuple[Batch, int, int]:
+        return self._batch, self._index, self._rel
+
     def done(self) -> bool:
         return self._batch.fut.done()
-
-    def result(self, timeout: float | None = None) -> SendResult:
-        _wait(self._batch.fut, timeout, "send")
-        return self._batch.result_for(self._index, self._rel)
-
-    def exception(self, timeout: float | None = None) -> MetaClientError | None:
-        b = self._batch
-        if b.fut.done():  # the common case in a callback: no SendResult needed
-            return b.error
-        return self.result(timeout).error
-
-    def add_done_callback(self, fn: Callable[[SendHandle], object]) -> None:
-        """``fn(handle)`` once acknowledged or failed (on the producer's I/O thread)."""
-        self._batch.add_callback(partial(fn, self))
-
-    def __await__(self) -> Generator[Any, None, SendResult]:
-        yield from _await(self._batch.fut)
-        return self._batch.result_for(self._index, self._rel)
 
 
 class BatchSlice:
