@@ -19,6 +19,8 @@ messages, as an asyncio program must); it reports
   acknowledged message, send loop plus ``flush()``;
 * ``msgs_per_s``: messages over the wall time of loop + flush (noisy on a shared machine).
 
+``--callbacks`` adds ``add_done_callback`` on every handle (the ack latency case's pattern).
+
 One broker (``tests/_broker.py``, group commit), one partition, ``--messages`` per round, a
 warm-up round per process first. ``--profile`` prints a cProfile of the send loop instead.
 """
@@ -43,6 +45,12 @@ CHILD = r"""
 import asyncio, cProfile, json, pstats, sys, time
 from pymetaq.client import AsyncProducer, Producer
 port, total, face, batch, profile = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
+callbacks = sys.argv[6] == "1"
+acked = [0]
+
+def on_ack(handle):
+    acked[0] += 1
+
 url = f"meta://127.0.0.1:{port}"
 payload = b"x" * 100
 prof = cProfile.Profile() if profile else None
@@ -51,8 +59,12 @@ def thread_round(p, n):
     send = p.send_async
     w0, c0, t0 = time.perf_counter(), time.process_time(), time.thread_time()
     if prof: prof.enable()
-    for _ in range(n):
-        send("bench", payload)
+    if callbacks:
+        for _ in range(n):
+            send("bench", payload).add_done_callback(on_ack)
+    else:
+        for _ in range(n):
+            send("bench", payload)
     if prof: prof.disable()
     t1 = time.thread_time()
     assert p.flush(120)
@@ -65,8 +77,12 @@ async def async_round(p, n):
     for _ in range(n // batch):
         t0 = time.thread_time()
         if prof: prof.enable()
-        for _ in range(batch):
-            send("bench", payload)
+        if callbacks:
+            for _ in range(batch):
+                send("bench", payload).add_done_callback(on_ack)
+        else:
+            for _ in range(batch):
+                send("bench", payload)
         if prof: prof.disable()
         app += time.thread_time() - t0
         await asyncio.sleep(0)
@@ -103,6 +119,11 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1000, help="asyncio: sends between yields")
     ap.add_argument("--against", help="the python of another checkout's venv")
     ap.add_argument("--profile", action="store_true", help="cProfile the send loop (1 round)")
+    ap.add_argument(
+        "--callbacks",
+        action="store_true",
+        help="add_done_callback on every handle (ack latency's pattern)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     pythons = {"this": sys.executable}
@@ -118,6 +139,7 @@ def main() -> int:
             for name, python in pythons.items():
                 argv = [python, "-c", CHILD, str(b.port), str(args.messages), args.face]
                 argv += [str(args.batch), "1" if args.profile else "0"]
+                argv += ["1" if args.callbacks else "0"]
                 out = subprocess.run(argv, capture_output=True, text=True, check=True)
                 if args.profile:
                     print(f"--- {name}\n{out.stderr}", file=sys.stderr)

@@ -34,6 +34,7 @@ import threading
 import time
 import zlib
 from _thread import get_ident
+from bisect import bisect_right
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 
@@ -475,10 +476,20 @@ class Accumulator:
             start += len(sl.items)
         lane.absorbed = n
         if lane.callbacks:
-            keep: list[tuple[int, Callable[[], object]]] = []
-            for index, fn in lane.callbacks:
-                if index < n:
-                    lane.locate(index)[0].add_callback(fn)
-                else:
-                    keep.append((index, fn))
-            lane.callbacks = keep
+            self._attach(lane, n)
+
+    @staticmethod
+    def _attach(lane: Lane, n: int) -> None:
+        """(lock held) Move the callbacks of absorbed values to their batches. Those batches
+        were filled under this lock and none is in flight yet, so none can complete meanwhile:
+        their callback lists are extended directly."""
+        keep: list[tuple[int, Callable[[], object]]] = []
+        starts, slices = lane.starts, lane.slices
+        for index, fn in lane.callbacks:
+            if index < n:
+                callbacks = slices[bisect_right(starts, index) - 1].batch.callbacks
+                assert callbacks is not None  # not sent yet: not completed
+                callbacks.append(fn)
+            else:
+                keep.append((index, fn))
+        lane.callbacks = keep
