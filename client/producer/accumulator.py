@@ -37,6 +37,7 @@ from _thread import get_ident
 from bisect import bisect_right
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
+from itertools import repeat
 
 from pymetaq.client.errors import RequestTimeout
 from pymetaq.client.producer.batch import (
@@ -470,11 +471,13 @@ class Accumulator:
         parts[1::2] = items
         total = sum(map(len, items)) + HEADER_SIZE * len(items)
         self._buffered += total
+        first = start
         for sl in self._fill(lane.tp, parts, items, 2, 0, total, False):
-            lane.starts.append(start)
-            lane.slices.append(sl)
-            start += len(sl.items)
+            start += lane.add_slice(start, sl)
         lane.absorbed = n
+        # the batches hold the records now: drop the lane's references to the payloads (a
+        # slice assignment of the same length, atomic under the GIL while the owner appends)
+        lane.values[first:n] = repeat(b"", n - first)
         if lane.callbacks:
             self._attach(lane, n)
 

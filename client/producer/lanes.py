@@ -22,7 +22,8 @@ that appended to a lane closed meanwhile sees ``closed`` after its append and ha
 absorbed before it returns (``attend``), so nothing is lost and order holds. A lane holds at
 most ``batch_messages`` values or ``batch_bytes`` bytes (then the owner absorbs it itself),
 which bounds what is not yet counted in the buffer. The producer keeps no lane once it is
-absorbed: only handles refer to it.
+absorbed: only handles refer to it, and an absorbed lane keeps no payload (its values are
+replaced by ``b""``; a handle finds its offset from the sizes kept per slice).
 
 Thread-safety: ``values`` and ``nbytes`` are written by the owner thread only; ``closed``,
 ``absorbed``, ``starts``, ``slices`` and ``callbacks`` change under the accumulator's lock
@@ -75,20 +76,34 @@ class Lane:
         self.absorbed = 0  # values[:absorbed] are in batches
         self.starts: list[int] = []  # lane index where each slice starts
         self.slices: list[BatchSlice] = []
-        self.rels: dict[int, list[int]] = {}  # slice number -> bytes before each of its values
+        #: per slice: bytes before each of its values, ``(first, step)`` when uniform
+        self.rels: list[tuple[int, int] | list[int]] = []
         self.callbacks: list[tuple[int, Callable[[], object]]] = []
+
+    def add_slice(self, start: int, sl: BatchSlice) -> int:
+        """(lock held) Record that values ``start..`` went to ``sl``; returns how many. Keeps
+        the bytes before each (``(first, size)`` when the records are all one size, else a
+        list), not the values: a handle kept after its ack holds no payload."""
+        items = sl.items
+        self.starts.append(start)
+        self.slices.append(sl)
+        lens = list(map(len, items))
+        size = HEADER_SIZE + sl.extra
+        if lens and min(lens) == max(lens):
+            self.rels.append((sl.first_rel, size + lens[0]))
+        else:
+            self.rels.append(list(accumulate((size + n for n in lens), initial=sl.first_rel)))
+        sl.items = ()
+        return len(lens)
 
     def locate(self, index: int) -> tuple[Batch, int, int]:
         """(batch, index in it, bytes before it) of an absorbed value."""
         k = bisect_right(self.starts, index) - 1
         s = self.slices[k]
-        rels = self.rels.get(k)
-        if rels is None:
-            size = HEADER_SIZE + s.extra
-            sizes = (size + len(v) for v in s.items)
-            rels = self.rels[k] = list(accumulate(sizes, initial=s.first_rel))
         off = index - self.starts[k]
-        return s.batch, s.first_index + off, rels[off]
+        rels = self.rels[k]
+        rel = rels[0] + off * rels[1] if type(rels) is tuple else rels[off]
+        return s.batch, s.first_index + off, rel
 
 
 class LaneHandle(tuple, SendHandle):  # type: ignore[type-arg]

@@ -10,7 +10,9 @@ owner mixes lane sends with the locked paths (``send``, ``send_many``, keys, att
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -177,3 +179,17 @@ def test_lane_sends_are_bounded_by_the_buffer() -> None:
         sent = asyncio.run(main(fake.url))
     record = 120  # 20-byte header + 100
     assert 64 * 1024 - 100 * record <= sent * record <= 64 * 1024 + 100 * record
+
+
+def test_kept_handles_hold_no_payload(url: str) -> None:
+    """Handles kept after their acks (to read results later) keep no payload alive."""
+    topic = _topic()
+    value = os.urandom(5000)
+    base = sys.getrefcount(value)
+    with Producer(url) as p:
+        p.partitions(topic)
+        handles = [p.send_async(topic, value) for _ in range(300)]
+        assert p.flush(30)
+        offsets = [h.result(0).offset for h in handles]
+        assert sys.getrefcount(value) == base
+    assert offsets == [i * 5020 for i in range(300)]
