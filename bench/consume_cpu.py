@@ -8,7 +8,8 @@ same broker and the same data).
 
 One broker (``tests/_broker.py``), ``--messages`` 100-byte messages in one partition; each
 round a fresh consumer process (ungrouped, ``poll()``, CRCs checked, counted with ``len()``)
-reads them all; its ``time.process_time()`` (every thread: the caller's and the I/O loop's) over
+reads them all (``--mode``: counting with ``len(poll())``, a ``Message`` per record with ``for m
+in poll()``, or the listener path); its ``time.process_time()`` (every thread: the caller's and the I/O loop's) over
 the messages is the figure.  Prints a table (stderr with ``--json``) and JSON lines.
 """
 
@@ -30,16 +31,34 @@ from pymetaq.client import Producer  # noqa: E402
 from tests._broker import BrokerProcess  # noqa: E402
 
 CHILD = """
-import sys, time
+import sys, threading, time
 from pymetaq.client.consumer import Consumer, TopicPartition
 port, total = int(sys.argv[1]), int(sys.argv[2])
+mode = sys.argv[3]
+done = threading.Event()
+seen = [0]
+
+def listener(m):
+    seen[0] += 1
+    if seen[0] >= total:
+        done.set()
+
 c = Consumer(f"meta://127.0.0.1:{port}", None, initial_position="earliest")
-c.subscribe("bench")
+c.subscribe("bench", listener if mode == "listener" else None)
 c.assign([TopicPartition("bench", 0, 0)])
 n = 0
 c0 = time.process_time()
-while n < total:
-    n += len(c.poll(1.0))
+if mode == "len":
+    while n < total:
+        n += len(c.poll(1.0))
+elif mode == "messages":
+    while n < total:
+        for m in c.poll(1.0):
+            n += m.value is not None
+else:
+    c.start()
+    done.wait(600)
+    n = seen[0]
 cpu = time.process_time() - c0
 c.close()
 print(cpu / n * 1e9)
@@ -51,6 +70,13 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=3_000_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--against", help="the python of another checkout's venv")
+    ap.add_argument(
+        "--mode",
+        choices=("len", "messages", "listener"),
+        default="len",
+        help="len: count with len(poll()); messages: for m in poll(): m.value (a Message per "
+        "record); listener: subscribe(topic, listener) + start(), called per message",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     pythons = {"this": sys.executable}
@@ -67,7 +93,7 @@ def main() -> int:
             total = args.messages // 10_000 * 10_000
             for r in range(args.rounds):
                 for name, python in pythons.items():
-                    argv = [python, "-c", CHILD, str(b.port), str(total)]
+                    argv = [python, "-c", CHILD, str(b.port), str(total), args.mode]
                     out = subprocess.run(argv, capture_output=True, text=True, check=True)
                     found[name].append(float(out.stdout.strip()))
                     print(f"round {r + 1}: {name} {found[name][-1]:.0f} ns/msg", file=sys.stderr)

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-THROUGHPUT_CASES = ("produce", "consume")
+THROUGHPUT_CASES = ("produce", "produce_each", "consume")
 LATENCY_CASES = ("ack_latency", "e2e_latency")
 THROUGHPUT_METRICS = ("msgs_per_s", "mib_per_s")
 LATENCY_METRICS = ("p50_us", "p99_us", "p999_us", "max_us", "achieved_rate")

@@ -31,7 +31,7 @@ from bench import report
 from bench.common import BenchError, Latency, Throughput, progress
 from bench.systems import DEFAULT, NAMES, System, create
 
-CASES = ("produce", "consume", "ack_latency", "e2e_latency")
+CASES = ("produce", "produce_each", "consume", "ack_latency", "e2e_latency")
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 
 
@@ -93,6 +93,8 @@ def start_systems(names: list[str], workdir: Path) -> tuple[list[System], list[d
 def run_case(system: System, case: str, size: int, mode: str, args: argparse.Namespace) -> Any:
     if case == "produce":
         return system.produce(size, args.batch, args.seconds, mode)
+    if case == "produce_each":
+        return system.produce_each(size, args.batch, args.seconds, mode)
     if case == "consume":
         return system.consume(size, args.batch, args.seconds, mode)
     if case == "ack_latency":
@@ -116,6 +118,8 @@ def run_matrix(
         for case in args.cases:
             for size in args.sizes:
                 for system in systems:
+                    if case not in system.cases:
+                        continue  # e.g. nats has no per-message pipelined publish
                     for mode in _modes(system, case):
                         label = f"{system.name}[{mode}] {case} {size}B repeat {repeat + 1}"
                         progress(label)

@@ -8,6 +8,7 @@ Cases (each bounded by ``seconds``; every call uses a fresh topic / stream / key
 | method | measures |
 |---|---|
 | ``produce(msg_bytes, batch, seconds, mode)`` | acked messages/s, batched or pipelined |
+| ``produce_each(msg_bytes, batch, seconds, mode)`` | acked messages/s, one client call per message (pipelined, flushed every ``batch``) |
 | ``consume(msg_bytes, batch, seconds, mode)`` | received messages/s from a pre-filled log |
 | ``ack_latency(rate, msg_bytes, batch, seconds, mode)`` | publish→ack latency, open-loop at ``rate`` |
 | ``e2e_latency(rate, msg_bytes, batch, seconds, mode)`` | publish→consume latency, open-loop |
@@ -32,6 +33,9 @@ from bench.common import Latency, Mode, Throughput
 class System(ABC):
     name: str = ""
     modes: tuple[Mode, ...] = ()
+    #: the cases this system runs (``produce_each`` only where the client has a per-message
+    #: pipelined call)
+    cases: tuple[str, ...] = ("produce", "produce_each", "consume", "ack_latency", "e2e_latency")
 
     @abstractmethod
     def start(self, workdir: Path) -> None: ...
@@ -41,6 +45,11 @@ class System(ABC):
 
     @abstractmethod
     def produce(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput: ...
+
+    def produce_each(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
+        """One client call per message (the loop a user writes first); ``batch``: messages
+        between checks of the clock (and, for pipelines, per round trip)."""
+        raise NotImplementedError(f"{self.name} has no produce_each")
 
     @abstractmethod
     def consume(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput: ...

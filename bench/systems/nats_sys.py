@@ -69,6 +69,8 @@ T = TypeVar("T")
 class NatsSystem(System):
     name = "nats"
     modes = (Mode("file", DURABILITY),)
+    #: no produce_each: nats-py's JetStream publish awaits each ack (no pipelined call)
+    cases = ("produce", "consume", "ack_latency", "e2e_latency")
 
     def __init__(self) -> None:
         self._server: ServerProcess | None = None

@@ -45,6 +45,9 @@ class NullSystem(System):
         count, elapsed = _fill(deque(), filler(msg_bytes), batch, seconds)
         return Throughput(count, count * msg_bytes, elapsed)
 
+    def produce_each(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
+        return self.produce(msg_bytes, batch, seconds, mode)  # it is one call per message
+
     def consume(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
         log: deque[bytes] = deque()
         total, _ = _fill(log, filler(msg_bytes), batch, seconds)

@@ -23,12 +23,17 @@ Two more modes run the same topics through the **asyncio face** (``AsyncProducer
 case's own event loop: no app-thread to I/O-thread handoff): ``group-asyncio`` and
 ``threshold-asyncio`` (topic patterns by their first letter, as above). There ack latency
 sends every due message with ``send_nowait`` on the loop and yields to it after each burst;
-produce awaits ``send_many`` handles (at most ``ASYNC_WINDOW`` unacknowledged); e2e runs the
-asyncio producer in its thread with ``asyncio.run``. One thread does both the sending and the
-I/O there, so asyncio produce is about half the thread face's msgs/s.
+produce sends ``send_many`` batches (at most ``ASYNC_WINDOW`` unacknowledged, completion
+from ``add_done_callback`` as in the thread face); e2e runs the asyncio producer in its thread
+with ``asyncio.run``.
 
 Cases mirror the peers (see ``bench/systems/redis_sys.py``): produce = ``send_many`` of
-``batch`` messages for ``seconds`` then ``flush()`` (counted: acks without error); consume =
+``batch`` messages for ``seconds`` then ``flush()`` (counted: acks without error);
+produce_each = one ``send_async`` per message (asyncio modes: ``send_nowait``, yielding to the
+loop every ``batch`` messages, waiting while ``ASYNC_WINDOW`` such bursts are unacknowledged)
+for ``seconds``, then ``flush()`` - the loop a Kafka or Redis user writes first, against
+redis-py's pipelined XADD (counted: the messages stored, from the offset of a final ``send``,
+since every record of the topic has the same size); consume =
 pre-fill then ``poll`` until drained or ``seconds``; ack latency = open-loop, every due message
 sent with ``send_async`` (the public per-message API), each message's latency taken when its
 own handle completes (the producer batches adaptively: it sends at once when nothing is in
@@ -83,6 +88,7 @@ PARTITIONS = 1
 THROUGHPUT_LINGER_MS = 5
 LATENCY_LINGER_MS = 0
 ASYNC_WINDOW = 32  # produce (asyncio face): unacknowledged send_many handles at most
+RECORD_HEADER = 20  # MetaQ's message header: every record of a produce_each topic is 20 + size
 
 SERVER_INI = """\
 [system]
@@ -197,6 +203,29 @@ class PymetaqSystem(System):
             self._topic(mode, "produce"), msg_bytes, batch, seconds, mode
         )
         return Throughput(count, count * msg_bytes, elapsed, note=note)
+
+    def produce_each(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
+        topic = self._topic(mode, "each")
+        value = filler(msg_bytes)
+        if _asyncio_face(mode):
+            producer = self._async_producer(batch, THROUGHPUT_LINGER_MS)
+            sent, elapsed, stored = asyncio.run(_each_async(producer, topic, value, batch, seconds))
+        else:
+            with self._producer(batch, THROUGHPUT_LINGER_MS) as producer:
+                producer.partitions(topic)
+                send = producer.send_async
+                sent = 0
+                start = time.perf_counter()
+                deadline = start + seconds
+                while time.perf_counter() < deadline:
+                    for _ in range(batch):
+                        send(topic, value)
+                    sent += batch
+                producer.flush()
+                elapsed = time.perf_counter() - start
+                stored = _stored(producer.send(topic, value), msg_bytes)
+        note = f"{sent - stored} of {sent} sends not stored" if stored != sent else ""
+        return Throughput(stored, stored * msg_bytes, elapsed, note=note)
 
     def consume(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
         topic = self._topic(mode, "consume")
@@ -322,6 +351,40 @@ class PymetaqSystem(System):
         return sent - errors.count, elapsed, note
 
 
+def _stored(last: Any, msg_bytes: int) -> int:
+    """How many records precede ``last`` (a SendResult) in its one-partition topic."""
+    if not last.success:
+        raise RuntimeError(f"the final send failed: {last.error!r}")
+    return int(last.offset) // (RECORD_HEADER + msg_bytes)
+
+
+async def _each_async(
+    producer: Any, topic: str, value: bytes, batch: int, seconds: float
+) -> tuple[int, float, int]:
+    """produce_each through ``AsyncProducer.send_nowait``: ``batch`` sends, then a yield to the
+    loop (which does the I/O); at most ``ASYNC_WINDOW`` bursts unacknowledged."""
+    async with producer:
+        await producer.publish(topic)
+        send = producer.send_nowait
+        pending: list[Any] = []
+        sent = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            for _ in range(batch):
+                handle = send(topic, value)
+            sent += batch
+            pending.append(handle)
+            if len(pending) >= ASYNC_WINDOW:
+                await pending.pop(0)
+            else:
+                await asyncio.sleep(0)
+        await producer.flush()
+        elapsed = time.perf_counter() - start
+        last = await producer.send(topic, value)
+    return sent, elapsed, _stored(last, len(value))
+
+
 class _ErrorCount:
     """Counts failed messages from completed batch handles (on the client's I/O thread)."""
 
@@ -378,23 +441,26 @@ async def _fill_async(
 ) -> tuple[int, float, str]:
     """``_fill`` through ``AsyncProducer.send_many``, yielding to the loop between batches
     (and waiting while ``ASYNC_WINDOW`` batches are unacknowledged, as the thread face's buffer
-    limit would)."""
+    limit would). Completion is taken from ``add_done_callback``, as in the thread face's
+    ``_fill``: awaiting a handle would also build its list of SendResults, which neither face
+    needs here."""
     errors = _ErrorCount()
     sent = 0
     async with producer:
         await producer.publish(topic)
-        pending: list[Any] = []
+        window = asyncio.Semaphore(ASYNC_WINDOW)
+
+        def done(handle: Any) -> None:
+            errors.on_done(handle)
+            window.release()
+
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
-            handle = producer.send_many(topic, values)
-            handle.add_done_callback(errors.on_done)
-            pending.append(handle)
+            await window.acquire()
+            producer.send_many(topic, values).add_done_callback(done)
             sent += len(values)
-            if len(pending) >= ASYNC_WINDOW:
-                await pending.pop(0)
-            else:
-                await asyncio.sleep(0)
+            await asyncio.sleep(0)
         await producer.flush()
         elapsed = time.perf_counter() - start
     note = f"{errors.count} sends failed: {errors.first!r}" if errors.count else ""

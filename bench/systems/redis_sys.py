@@ -9,7 +9,9 @@ appendfsync always`` before the case), the durable-ack counterpart of pymetaq's 
 Client calls (redis-py, synchronous, RESP2):
 
 - produce: one non-transactional pipeline of ``batch`` ``XADD key * v <payload>`` per round trip
-  (batched like our producer); throughput counts replies received.
+  (batched like our producer); throughput counts replies received. It is one ``pipe.xadd``
+  call per message, so it is also ``produce_each`` (the peer of pymetaq's per-message
+  ``send_async`` loop: the same code, reported under both cases).
 - consume: the stream is pre-filled (``seconds`` of produce, not timed), then
   ``XREADGROUP GROUP g c COUNT batch STREAMS key >`` in a pipeline with the ``XACK`` of the
   previous batch (at-least-once, like committing an offset).
@@ -111,6 +113,9 @@ class RedisSystem(System):
         finally:
             r.delete(key)
             r.close()
+
+    def produce_each(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
+        return self.produce(msg_bytes, batch, seconds, mode)
 
     def consume(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
         r = self._client(mode)

@@ -33,11 +33,22 @@ from __future__ import annotations
 import threading
 import time
 import zlib
+from _thread import get_ident
+from bisect import bisect_right
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
+from itertools import repeat
 
 from pymetaq.client.errors import RequestTimeout
-from pymetaq.client.producer.batch import AnyFuture, Batch, BatchHandle, BatchSlice, SendHandle
+from pymetaq.client.producer.batch import (
+    AnyFuture,
+    Batch,
+    BatchHandle,
+    BatchSendHandle,
+    BatchSlice,
+    SendHandle,
+)
+from pymetaq.client.producer.lanes import Lane, LaneHandle
 from pymetaq.client.types import TopicPartition
 from pymetaq.storage.checksum import MASK31
 from pymetaq.storage.record import ATTR_LEN, FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
@@ -80,6 +91,12 @@ class Accumulator:
         self._wake = wake
         self._wake_pending = False
         self._space_waiters = 0
+        #: the lock-free path (``lanes.py``): the open lane per partition, the thread that
+        #: appends to lanes
+        self.lane_of: dict[TopicPartition, Lane] = {}
+        self.owner: int | None = None
+        #: brokers with queued batches after the last drain (a timer or an ack runs it again)
+        self._pending_brokers: set[int] = set()
 
     # -- appending (any thread) ------------------------------------------------------------
 
@@ -106,6 +123,8 @@ class Accumulator:
         with self._lock:
             if self._buffered + size > self.buffer_bytes and self._buffered:
                 self._wait_for_space(size, block_s)
+            if tp in self.lane_of:  # the lane's messages go first
+                self._absorb(self.lane_of[tp])
             self._buffered += size
             q = self._queues.get(tp)
             if q:
@@ -122,7 +141,7 @@ class Accumulator:
                     q = self._queues[tp] = deque()
                 b = self._new_batch(q, tp)
                 wake = True
-            handle = SendHandle(b, b.count, b.nbytes)
+            handle = BatchSendHandle(b, b.count, b.nbytes)
             b.parts += (header, data)
             b.count += 1
             b.nbytes += size
@@ -190,50 +209,66 @@ class Accumulator:
     ) -> BatchHandle:
         """Put messages (``per`` parts each; record size ``HEADER_SIZE + extra + len(item)``)
         in batches."""
-        slices: list[BatchSlice] = []
-        n, i = len(items), 0
-        add = HEADER_SIZE + extra
-        total = sum(map(len, items)) + add * n
-        max_n, max_b = self.batch_messages, self.batch_bytes
+        total = sum(map(len, items)) + (HEADER_SIZE + extra) * len(items)
         with self._lock:
             if self._buffered + total > self.buffer_bytes and self._buffered:
                 self._wait_for_space(total, block_s)
-            q = self._queues.get(tp)
-            if q is None:
-                q = self._queues[tp] = deque()
-            b = q[-1] if q and q[-1].open else None
+            if tp in self.lane_of:
+                self._absorb(self.lane_of[tp])
             self._buffered += total
-            while i < n:
-                if b is None:
-                    b = self._new_batch(q, tp)
-                start, count, nbytes = i, b.count, b.nbytes
-                if count + (n - i) <= max_n and nbytes + total <= max_b:
-                    i, nbytes = n, nbytes + total  # the rest fits: no per-message loop
-                else:
-                    while i < n and count < max_n:
-                        size = add + len(items[i])
-                        if nbytes + size > max_b and count > 0:
-                            break
-                        nbytes += size
-                        count += 1
-                        i += 1
-                    total -= nbytes - b.nbytes
-                if i > start:
-                    if pinned:
-                        b.pinned = True
-                    slices.append(BatchSlice(b, b.count, b.nbytes, items[start:i], extra))
-                    b.parts += parts[start * per : i * per]
-                    b.count += i - start
-                    b.nbytes = nbytes
-                if b.count >= max_n or b.nbytes >= max_b or i < n:
-                    b.open = False
-                    b = None
+            slices = self._fill(tp, parts, items, per, extra, total, pinned)
             wake = not self._wake_pending and not self._broker_inflight[tp.broker_id]
             if wake:
                 self._wake_pending = True
         if wake:
             self._wake()
         return BatchHandle(slices)
+
+    def _fill(
+        self,
+        tp: TopicPartition,
+        parts: list[bytes],
+        items: Sequence[bytes],
+        per: int,
+        extra: int,
+        total: int,
+        pinned: bool,
+    ) -> list[BatchSlice]:
+        """(lock held) File the messages into the partition's open batch, then new ones."""
+        slices: list[BatchSlice] = []
+        n, i = len(items), 0
+        add = HEADER_SIZE + extra
+        max_n, max_b = self.batch_messages, self.batch_bytes
+        q = self._queues.get(tp)
+        if q is None:
+            q = self._queues[tp] = deque()
+        b = q[-1] if q and q[-1].open else None
+        while i < n:
+            if b is None:
+                b = self._new_batch(q, tp)
+            start, count, nbytes = i, b.count, b.nbytes
+            if count + (n - i) <= max_n and nbytes + total <= max_b:
+                i, nbytes = n, nbytes + total  # the rest fits: no per-message loop
+            else:
+                while i < n and count < max_n:
+                    size = add + len(items[i])
+                    if nbytes + size > max_b and count > 0:
+                        break
+                    nbytes += size
+                    count += 1
+                    i += 1
+                total -= nbytes - b.nbytes
+            if i > start:
+                if pinned:
+                    b.pinned = True
+                slices.append(BatchSlice(b, b.count, b.nbytes, items[start:i], extra))
+                b.parts += parts[start * per : i * per]
+                b.count += i - start
+                b.nbytes = nbytes
+            if b.count >= max_n or b.nbytes >= max_b or i < n:
+                b.open = False
+                b = None
+        return slices
 
     def _new_batch(self, q: deque[Batch], tp: TopicPartition) -> Batch:
         b = Batch(tp, self._future_factory(), time.monotonic())
@@ -275,7 +310,11 @@ class Accumulator:
         next_due: float | None = None
         linger, flushing = self.linger_s, self._flushing > 0
         broker_inflight, part_inflight = self._broker_inflight, self._part_inflight
+        pending = self._pending_brokers
         with self._lock:
+            pending.clear()
+            if self.lane_of:
+                self._absorb_all()
             for tp, q in self._queues.items():
                 while q:
                     if part_inflight[tp] >= part_limit:
@@ -293,6 +332,8 @@ class Accumulator:
                     part_inflight[tp] += 1
                     broker_inflight[tp.broker_id] += 1
                     out.append(b)
+                if q:
+                    pending.add(tp.broker_id)
         return out, next_due
 
     def reenqueue(self, b: Batch) -> None:
@@ -326,6 +367,7 @@ class Accumulator:
     def take_queued(self) -> list[Batch]:
         """Remove and return every batch still queued (not in flight): shutdown."""
         with self._lock:
+            self._absorb_all()
             queued = [b for q in self._queues.values() for b in q]
             for q in self._queues.values():
                 q.clear()
@@ -334,6 +376,7 @@ class Accumulator:
     def incomplete(self) -> list[Batch]:
         """Every batch not completed yet (queued, in flight or backing off)."""
         with self._lock:
+            self._absorb_all()
             return list(self._incomplete.values())
 
     # -- flush -----------------------------------------------------------------------------
@@ -343,8 +386,113 @@ class Accumulator:
         for (those not completed yet)."""
         with self._lock:
             self._flushing += 1
+            self._absorb_all()
             return list(self._incomplete.values())
 
     def end_flush(self) -> None:
         with self._lock:
             self._flushing -= 1
+
+    # -- lanes: the lock-free per-message path (lanes.py) ---------------------------------
+
+    def lane_append(self, tp: TopicPartition, value: bytes, block_s: float | None) -> SendHandle:
+        """The lane path's locked step (no open lane for ``tp``, or it is full): absorb the full
+        lane, wait for buffer space, open the next lane with ``value``. A thread other than the
+        lanes' owner gets the locked :meth:`append`."""
+        me = get_ident()
+        with self._lock:
+            if self.owner is None:
+                self.owner = me
+            if self.owner == me:
+                old = self.lane_of.get(tp)
+                if old is not None:
+                    self._absorb(old)
+                size = HEADER_SIZE + len(value)
+                if self._buffered + size > self.buffer_bytes and self._buffered:
+                    self._wait_for_space(size, block_s)
+                lane = self.lane_of[tp] = Lane(self, tp)
+                lane.values.append(value)
+                lane.nbytes = len(value)
+                bid = tp.broker_id
+                # a full lane's batch goes at once unless an ack will run the sender anyway
+                busy = self._broker_inflight[bid] or (old is None and bid in self._pending_brokers)
+                wake = not busy and not self._wake_pending
+                if wake:
+                    self._wake_pending = True
+                handle: SendHandle | None = LaneHandle((lane, 0))
+            else:
+                handle = None
+        if handle is None:
+            return self.append(tp, value, None, False, block_s)
+        if wake:
+            self._wake()
+        return handle
+
+    def attend(self, lane: Lane) -> None:
+        """(the owner) It appended to a lane closed meanwhile: absorb what it added."""
+        self.absorb_lane(lane)
+
+    def absorb_lane(self, lane: Lane) -> None:
+        """File a lane's values into batches now (any thread; a handle that wants its batch
+        before the sender took the lane) and wake the sender if nothing else will."""
+        with self._lock:
+            self._absorb(lane)
+            wake = not self._wake_pending and not self._broker_inflight[lane.tp.broker_id]
+            if wake:
+                self._wake_pending = True
+        if wake:
+            self._wake()
+
+    def lane_callback(self, lane: Lane, index: int, fn: Callable[[], object]) -> bool:
+        """Keep ``fn`` for a value not absorbed yet (False: it is, add it to its batch)."""
+        with self._lock:
+            if index < lane.absorbed:
+                return False
+            lane.callbacks.append((index, fn))
+            return True
+
+    def _absorb_all(self) -> None:
+        for lane in list(self.lane_of.values()):
+            self._absorb(lane)
+
+    def _absorb(self, lane: Lane) -> None:
+        """(lock held) Close the lane, then file its new values into batches, in order."""
+        if not lane.closed:
+            lane.closed = True  # before reading len(values): see lanes.py
+            if self.lane_of.get(lane.tp) is lane:
+                del self.lane_of[lane.tp]
+        n = len(lane.values)
+        start = lane.absorbed
+        if n <= start:
+            return
+        items = lane.values[start:n]
+        parts: list[bytes] = [b""] * (2 * len(items))
+        parts[0::2] = [_pack(len(v), _crc32(v) & MASK31, 0, 0) for v in items]
+        parts[1::2] = items
+        total = sum(map(len, items)) + HEADER_SIZE * len(items)
+        self._buffered += total
+        first = start
+        for sl in self._fill(lane.tp, parts, items, 2, 0, total, False):
+            start += lane.add_slice(start, sl)
+        lane.absorbed = n
+        # the batches hold the records now: drop the lane's references to the payloads (a
+        # slice assignment of the same length, atomic under the GIL while the owner appends)
+        lane.values[first:n] = repeat(b"", n - first)
+        if lane.callbacks:
+            self._attach(lane, n)
+
+    @staticmethod
+    def _attach(lane: Lane, n: int) -> None:
+        """(lock held) Move the callbacks of absorbed values to their batches. Those batches
+        were filled under this lock and none is in flight yet, so none can complete meanwhile:
+        their callback lists are extended directly."""
+        keep: list[tuple[int, Callable[[], object]]] = []
+        starts, slices = lane.starts, lane.slices
+        for index, fn in lane.callbacks:
+            if index < n:
+                callbacks = slices[bisect_right(starts, index) - 1].batch.callbacks
+                assert callbacks is not None  # not sent yet: not completed
+                callbacks.append(fn)
+            else:
+                keep.append((index, fn))
+        lane.callbacks = keep

@@ -60,6 +60,8 @@ class AsyncProducer(ProducerFace):
         )
         await engine.brokers.start()
         self._engine = engine
+        # the hot path: one Python call per message, as the thread face's send_async
+        self.send_nowait = engine.send_async  # type: ignore[method-assign]
         return self
 
     async def publish(self, topic: str) -> list[TopicPartition]:
@@ -67,7 +69,8 @@ class AsyncProducer(ProducerFace):
         return await self._engine.brokers.partitions(topic)
 
     #: queue one message without waiting; ``await`` the returned handle for its result. The
-    #: topic must be known (``await publish(topic)`` or an earlier ``await send``).
+    #: topic must be known (``await publish(topic)`` or an earlier ``await send``). ``start``
+    #: binds the engine's method itself per instance (one Python call per message).
     send_nowait = ProducerFace._queue
 
     async def send(

@@ -28,6 +28,7 @@ from pymetaq.client.errors import ClientClosed, MessageTooLarge, SerializationEr
 from pymetaq.client.producer.accumulator import Accumulator, AnyFuture
 from pymetaq.client.producer.batch import BatchHandle, SendHandle
 from pymetaq.client.producer.config import ProducerConfig
+from pymetaq.client.producer.lanes import lane_sender
 from pymetaq.client.producer.partitioner import (
     OutgoingMessage,
     RoundRobin,
@@ -112,6 +113,9 @@ class ProducerEngine:
         self._strategy = None if callable(cfg.partitioner) else make_strategy(cfg.partitioner)
         #: the fast path's selector (no key, no explicit partition, no custom partitioner)
         self._rr_next = self._strategy.next if isinstance(self._strategy, RoundRobin) else None
+        #: a lane holds at most a batch (lanes.py)
+        self._lane_cap = cfg.batch_messages
+        self._lane_bytes = cfg.batch_bytes
         self._closed = False
         #: closed, or transactions used: the send paths take their checked branch
         self._divert = False
@@ -119,6 +123,8 @@ class ProducerEngine:
         self._tx_args = (future_factory, threadsafe)
         self._tx_current: Callable[[], BoundTransaction | None] = _no_transaction
         self.values = MessageValues(cfg)
+        if self._rr_next is not None:  # the per-message path: a lock-free lane (lanes.py)
+            self.send_async = lane_sender(self, self.send_async)  # type: ignore[method-assign]
         if self.values.serializing:  # only producers with serializers run them
             self.send_async = serializing(self.values, self.send_async)  # type: ignore[method-assign]
 

@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from pymetaq.client.errors import MetaClientError
 from pymetaq.client.producer.accumulator import AnyFuture
-from pymetaq.client.producer.batch import Batch, BatchHandle, BatchSlice, SendHandle
+from pymetaq.client.producer.batch import (
+    Batch,
+    BatchHandle,
+    BatchSendHandle,
+    BatchSlice,
+    SendHandle,
+)
 from pymetaq.client.producer.partitioner import resolve_explicit
 from pymetaq.client.transaction.bound import BoundTransaction, TransactionBinding, closed_error
 from pymetaq.client.transaction.errors import CrossBrokerTransaction
@@ -205,7 +211,7 @@ class Transactions:
         tp = self.place(tx, topic, value, key, partition, attribute)
         if key is not None or attribute is not None:  # the key travels in the attribute
             attribute = self.engine.values.attribute(key, attribute)
-        return SendHandle(self._put(tx, tp, value, attribute), 0, 0)
+        return BatchSendHandle(self._put(tx, tp, value, attribute), 0, 0)
 
     def send_many(
         self,

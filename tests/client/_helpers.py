@@ -146,7 +146,10 @@ class SilentBroker:
             while (event := parser.next_event()) is not NEED_DATA:
                 if isinstance(event, StatsCommand):
                     body = f"STATS\r\nbroker_id {self.broker_id}\r\npartitions {self.partitions}\r\nEND\r\n"
-                    conn.sendall(encode(ResultReply(200, body.encode(), event.opaque)))
+                    try:
+                        conn.sendall(encode(ResultReply(200, body.encode(), event.opaque)))
+                    except OSError:  # close() closed the connection meanwhile
+                        return
                 elif isinstance(event, (BatchPutCommand, PutCommand)):
                     self.requests += 1
 

@@ -40,8 +40,9 @@ def _alive() -> dict[str, int]:
     kinds = (Batch, SendHandle, BatchHandle)
     counts = {k.__name__: 0 for k in kinds}
     for obj in gc.get_objects():
-        if isinstance(obj, kinds):
-            counts[type(obj).__name__] += 1
+        for kind in kinds:  # SendHandle: its two kinds (BatchSendHandle, LaneHandle)
+            if isinstance(obj, kind):
+                counts[kind.__name__] += 1
     return counts
 
 
