@@ -13,7 +13,11 @@ A broker started with ``-Fmetaslave=async_slave.properties`` is an asynchronous 
   state <following|waiting|error: ...>`` (:class:`pymetaq.ha.replica.ReplicaStatus`);
 - on a master, per slave fetch group (groups named ``meta-slave-group...``, MetaQ's default
   slaveGroup) and partition, the ``stats lag`` line: ``<group> <topic> part <p> fetch_offset
-  <n> max_offset <n> lag_bytes <n> lag_seconds <s> idle_seconds <s>``.
+  <n> max_offset <n> lag_bytes <n> lag_seconds <s> idle_seconds <s>``;
+- on a samsa master, first a line for its gregor slave: ``gregor <host:port> state
+  <connected|disconnected|unhealthy> form <bsync|sync> batches <n> failures <n>`` (``form``:
+  what its batches are sent as; ``failures``: consecutive, towards
+  slaveContinuousFailureThreshold).
 
 With ``autoSyncMasterConfig=true`` the master's ``[topic=...]`` sections (from ``stats
 config``) replace the slave's own in its server.ini (written to a temporary file and renamed;
@@ -162,7 +166,16 @@ def replication_lines(broker: Broker) -> list[str]:
     if dispatcher is None:
         return []
     rows = dispatcher.monitor.lag_rows(broker.store.logs())
-    return [lag_line(r) for r in rows if r.group.startswith(SLAVE_GROUP_PREFIX)]
+    lines = [lag_line(r) for r in rows if r.group.startswith(SLAVE_GROUP_PREFIX)]
+    link = broker.sync_link
+    if link is not None:
+        state = "unhealthy" if link.unhealthy else "connected" if link.connected else "disconnected"
+        lines.insert(
+            0,
+            f"gregor {link.url} state {state} form {'bsync' if link.batched else 'sync'} "
+            f"batches {link.batches} failures {link.failures}",
+        )
+    return lines
 
 
 def start_sync_link(broker: Broker) -> SyncLink:

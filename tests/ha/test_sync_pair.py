@@ -18,39 +18,14 @@ from pathlib import Path
 import pytest
 
 from pymetaq.client import Producer
-from pymetaq.client.protocol import ResultReply, ValueReply
-from pymetaq.storage.record import iter_records
+from pymetaq.client.protocol import ResultReply
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
 from tests._services import free_port
+from tests.ha._helpers import SYNC_TOPICS, records, start_gregor, start_samsa
 from tests.server._helpers import Wire
 
 pytestmark = pytest.mark.integration
-
-TOPICS = {"orders": {"numPartitions": 2}}
-
-
-def start_gregor(tmp_path: Path, port: int) -> BrokerProcess:
-    props = tmp_path / "gregor_slave.properties"
-    props.write_text("# MetaQ's gregor_slave.properties is empty\n", encoding="utf-8")
-    return BrokerProcess.start(
-        tmp_path,
-        name="gregor",
-        system={"serverPort": port},
-        topics=TOPICS,
-        extra_args=[f"-Fgregor={props}"],
-    )
-
-
-def start_samsa(tmp_path: Path, slave_port: int, **keys: object) -> BrokerProcess:
-    props = tmp_path / "samsa_master.properties"
-    extra = "".join(f"{k}={v}\n" for k, v in keys.items())
-    props.write_text(
-        f"slave=127.0.0.1:{slave_port}\nsendToSlaveTimeoutInMills=2000\n{extra}", encoding="utf-8"
-    )
-    return BrokerProcess.start(
-        tmp_path, name="samsa", topics=TOPICS, extra_args=[f"-Fsamsa={props}"]
-    )
 
 
 def pymetaq(*args: str) -> subprocess.CompletedProcess[str]:
@@ -64,8 +39,8 @@ def pymetaq(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_verify_finds_replicas_that_differ(tmp_path: Path) -> None:
     with (
-        BrokerProcess.start(tmp_path, name="a", topics=TOPICS) as a,
-        BrokerProcess.start(tmp_path, name="b", topics=TOPICS) as b,
+        BrokerProcess.start(tmp_path, name="a", topics=SYNC_TOPICS) as a,
+        BrokerProcess.start(tmp_path, name="b", topics=SYNC_TOPICS) as b,
     ):
         for broker, fill in ((a, b"a"), (b, b"b")):
             with Producer(f"meta://127.0.0.1:{broker.port}") as p:
@@ -76,23 +51,6 @@ def test_verify_finds_replicas_that_differ(tmp_path: Path) -> None:
     bad = pymetaq("verify", "--master", "nonsense", "--slave", "127.0.0.1:1")
     assert bad.returncode == 2 and bad.stderr.startswith("pymetaq verify: bad address")
     assert "Traceback" not in bad.stderr
-
-
-def records(broker: BrokerProcess, partition: int) -> list[tuple[int, int, bytes]]:
-    """(offset, msgId, payload) of every record of ``orders-<partition>``."""
-    out: list[tuple[int, int, bytes]] = []
-    offset = 0
-    with Wire(broker.address) as w:
-        while True:
-            reply = w.call(f"get orders g {partition} {offset} 1048576 1\r\n".encode())
-            if not isinstance(reply, ValueReply):
-                assert isinstance(reply, ResultReply) and reply.code == 404, reply
-                return out
-            recs = list(iter_records(reply.data, offset))
-            assert recs, "a reply without a complete record"
-            for r in recs:
-                out.append((r.offset, r.msg_id, bytes(r.data)))
-            offset = recs[-1].offset + 20 + len(recs[-1].data)
 
 
 class Sender:
@@ -253,7 +211,7 @@ def test_failing_slave_takes_the_master_out_of_zookeeper_until_it_heals(
             BrokerProcess.start(
                 tmp_path,
                 name="samsa",
-                topics=TOPICS,
+                topics=SYNC_TOPICS,
                 zookeeper=zk_keys,
                 extra_args=[f"-Fsamsa={props}"],
             ) as master,
