@@ -66,6 +66,7 @@ from pymetaq.client.protocol.zk import (
     encode_partition_count,
     meta_url,
 )
+from pymetaq.ha.failover import Fenced, claim_as_master, epoch_path, holds, mark_stopped
 from pymetaq.server.config import BrokerConfig
 from pymetaq.server.errors import ServerError
 
@@ -155,6 +156,10 @@ class BrokerRegistry:
         client: Any = None,
         slave_id: int | None = None,
         tls_port: int = -1,
+        epoch: int | None = None,
+        claim: bool = False,
+        replica: str = "",
+        on_fence: Callable[[str | None], None] = lambda why: None,
     ) -> None:
         self._config = config
         cfg = config()
@@ -180,6 +185,14 @@ class BrokerRegistry:
         self._session: int | None = None
         self._waiting_logged: set[str] = set()
         self._suspended = False
+        #: automatic failover (pymetaq.ha.failover): ``claim`` = a samsa master claims the
+        #: epoch at start; with an epoch the master registers only while the epoch node still
+        #: names it, and ``on_fence(why)`` / ``on_fence(None)`` says when it may not / may write
+        self.claim = claim
+        self.epoch = epoch
+        self.replica = replica
+        self.epoch_path = epoch_path(self.paths, self.broker_id)
+        self.on_fence = on_fence
         self._loop = RefreshLoop(
             f"pymetaq-registry-{self.broker_id}",
             self._reconcile,
@@ -199,11 +212,20 @@ class BrokerRegistry:
                     f"cannot connect to ZooKeeper at {self.hosts} (zk.zkConnect) within "
                     f"{self._connect_timeout_s:g} s: {e}"
                 ) from e
-        self.client.add_listener(self._loop.wake)
+        try:
+            if self.claim:
+                self.epoch = claim_as_master(self.client, self.epoch_path, self.url, self.replica)
+        except Fenced as e:
+            self._close_client()
+            raise RegistryConflict(
+                f"{e}; start it as the gregor slave of {e.holder} "
+                f"(-Fgregor=...) or, to make it the master again, delete {self.epoch_path}"
+            ) from e
+        self.client.add_listener(self._state)
         try:
             self._first_reconcile()
         except RegistryConflict:
-            self.client.remove_listener(self._loop.wake)
+            self.client.remove_listener(self._state)
             self._close_client()
             raise
         self._loop.start()
@@ -293,9 +315,11 @@ class BrokerRegistry:
         from kazoo.exceptions import KazooException, NoNodeError
 
         self._loop.stop()
-        self.client.remove_listener(self._loop.wake)
+        self.client.remove_listener(self._state)
         sid = session_id(self.client)
         try:
+            if self.epoch is not None:  # a planned stop: the slave does not take over
+                mark_stopped(self.client, self.epoch_path, self.replica, self.epoch)
             for path in sorted(self._held, reverse=True):
                 self._delete_if_ours(path, sid)
             if self.slave_id is None:
@@ -331,6 +355,14 @@ class BrokerRegistry:
             return self.paths.broker_master(self.broker_id)
         return self.paths.broker_slave(self.broker_id, self.slave_id)
 
+    def _state(self, state: str) -> None:
+        """kazoo's state listener: a lost session unconfirms the epoch until reconciled."""
+        if state == "LOST" and self.epoch is not None:
+            self.on_fence(
+                "its ZooKeeper session expired: not a master until it has confirmed its epoch"
+            )
+        self._loop.wake()
+
     def _reconcile(self) -> float | None:
         if self._suspended or not self.client.connected:
             return None  # the CONNECTED listener wakes us
@@ -338,6 +370,8 @@ class BrokerRegistry:
         if sid != self._session:
             with self._lock:
                 self._session, self._held = sid, set()
+        if self.epoch is not None and not self._epoch_held(sid):
+            return None  # replaced: stay out (the broker refuses writes)
         master = self.role_path
         if not self._ensure(master, self.url.encode(), sid):
             return self._loop.retry_delay_s  # held by a previous session: touch nothing else
@@ -351,6 +385,22 @@ class BrokerRegistry:
         for path in sorted(self._held - set(desired)):
             self._delete_if_ours(path, sid)
         return self._loop.retry_delay_s if waiting else None
+
+    def _epoch_held(self, sid: int | None) -> bool:
+        assert self.epoch is not None
+        holder = holds(self.client, self.epoch_path, self.replica, self.epoch)
+        if holder is None:
+            self.on_fence(None)
+            return True
+        why = (
+            f"brokerId {self.broker_id}'s master is {holder.master} since epoch {holder.epoch} "
+            f"(this broker at {self.url} had epoch {self.epoch}): it was replaced"
+        )
+        self.on_fence(why)
+        log.error("fenced: %s; not registering", why)
+        for path in sorted(self._held, reverse=True):
+            self._delete_if_ours(path, sid)
+        return False
 
     def _set_parent(self) -> None:
         path = self.paths.broker(self.broker_id)
@@ -433,6 +483,10 @@ def open_registry(broker: Any) -> BrokerRegistry | None:
         stored_topics=broker.store.topics(),
         slave_id=None if slave is None else slave.slave_id,
         tls_port=broker.tls_port,
+        epoch=getattr(broker, "epoch", None),
+        claim=getattr(broker, "samsa", None) is not None,
+        replica=getattr(broker, "replica", ""),
+        on_fence=getattr(broker, "set_fenced", lambda why: None),
     )
     registry.start()
     return registry

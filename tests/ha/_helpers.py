@@ -77,7 +77,8 @@ def segment_files(data: Path) -> dict[str, bytes]:
     return {f"{p.parent.name}/{p.name}": p.read_bytes() for p in sorted(data.glob("*/*.meta"))}
 
 
-def start_gregor(tmp_path: Path, port: int) -> BrokerProcess:
+def start_gregor(tmp_path: Path, port: int, zk_hosts: str | None = None) -> BrokerProcess:
+    """A gregor slave on ``port``; with ``zk_hosts`` it watches its master (failover)."""
     props = tmp_path / "gregor_slave.properties"
     props.write_text("# MetaQ's gregor_slave.properties is empty\n", encoding="utf-8")
     return BrokerProcess.start(
@@ -85,18 +86,26 @@ def start_gregor(tmp_path: Path, port: int) -> BrokerProcess:
         name="gregor",
         system={"serverPort": port},
         topics=SYNC_TOPICS,
+        zookeeper=zk_keys(zk_hosts) if zk_hosts else None,
         extra_args=[f"-Fgregor={props}"],
     )
 
 
-def start_samsa(tmp_path: Path, slave_port: int, **keys: object) -> BrokerProcess:
+def start_samsa(
+    tmp_path: Path, slave_port: int, zk_hosts: str | None = None, **keys: object
+) -> BrokerProcess:
+    """A samsa master of the gregor slave on ``slave_port`` (registered with ``zk_hosts``)."""
     props = tmp_path / "samsa_master.properties"
     extra = "".join(f"{k}={v}\n" for k, v in keys.items())
     props.write_text(
         f"slave=127.0.0.1:{slave_port}\nsendToSlaveTimeoutInMills=2000\n{extra}", encoding="utf-8"
     )
     return BrokerProcess.start(
-        tmp_path, name="samsa", topics=SYNC_TOPICS, extra_args=[f"-Fsamsa={props}"]
+        tmp_path,
+        name="samsa",
+        topics=SYNC_TOPICS,
+        zookeeper=zk_keys(zk_hosts) if zk_hosts else None,
+        extra_args=[f"-Fsamsa={props}"],
     )
 
 
