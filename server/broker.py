@@ -91,6 +91,9 @@ class Broker:
         self.promoter: Any = None
         self.promotion: asyncio.Task[None] | None = None  # the promoted broker's registration
         self.replica = ""  # a pair's replica id (pymetaq.ha.failover.replica_id), with zk
+        #: map consumer offsets by msgId before registering (pymetaq.ha.recover): a samsa
+        #: master's recoverOffset=true, and always for a promoted gregor slave
+        self.recover_offsets = samsa.recover_offset if samsa is not None else False
         self.store: Any = None
         self.transactions: Any = None
         self.port = 0

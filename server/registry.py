@@ -159,6 +159,7 @@ class BrokerRegistry:
         epoch: int | None = None,
         claim: bool = False,
         replica: str = "",
+        before_register: Callable[[Any], None] | None = None,
         on_fence: Callable[[str | None], None] = lambda why: None,
     ) -> None:
         self._config = config
@@ -191,6 +192,8 @@ class BrokerRegistry:
         self.claim = claim
         self.epoch = epoch
         self.replica = replica
+        #: run with the started client before the first registration (recoverOffset)
+        self.before_register = before_register
         self.epoch_path = epoch_path(self.paths, self.broker_id)
         self.on_fence = on_fence
         self._loop = RefreshLoop(
@@ -221,6 +224,12 @@ class BrokerRegistry:
                 f"{e}; start it as the gregor slave of {e.holder} "
                 f"(-Fgregor=...) or, to make it the master again, delete {self.epoch_path}"
             ) from e
+        if self.before_register is not None:
+            try:
+                self.before_register(self.client)
+            except Exception:
+                self._close_client()
+                raise
         self.client.add_listener(self._state)
         try:
             self._first_reconcile()
@@ -486,7 +495,25 @@ def open_registry(broker: Any) -> BrokerRegistry | None:
         epoch=getattr(broker, "epoch", None),
         claim=getattr(broker, "samsa", None) is not None,
         replica=getattr(broker, "replica", ""),
+        before_register=_recover_offsets(broker)
+        if getattr(broker, "recover_offsets", False)
+        else None,
         on_fence=getattr(broker, "set_fenced", lambda why: None),
     )
     registry.start()
     return registry
+
+
+def _recover_offsets(broker: Any) -> Callable[[Any], None]:
+    """MetaQ's recoverOffset for ``broker`` (:mod:`pymetaq.ha.recover`), as a registry hook."""
+    from pymetaq.ha.recover import recover_offsets
+
+    cfg = broker.config
+
+    def run(client: Any) -> None:
+        done = recover_offsets(
+            client, ZkPaths(cfg.zookeeper.root), cfg.system.broker_id, broker.store.logs()
+        )
+        log.info("recoverOffset: %d consumer offset(s) mapped by msgId", len(done))
+
+    return run

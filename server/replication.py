@@ -258,6 +258,7 @@ def _promote(broker: Broker, epoch: int) -> None:
     broker.gregor = False
     broker.epoch = epoch
     broker.fenced = None
+    broker.recover_offsets = True
     if broker.dispatcher is not None:
         broker.dispatcher.invalidate_logs()
     broker.promotion = asyncio.get_running_loop().create_task(_register_promoted(broker))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
+from pymetaq.client import Producer
+from pymetaq.client.errors import MetaClientError
 from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.storage.record import iter_records
 from tests._broker import BrokerProcess
@@ -124,3 +127,37 @@ def records(broker: BrokerProcess, partition: int) -> list[tuple[int, int, bytes
             for r in recs:
                 out.append((r.offset, r.msg_id, bytes(r.data)))
             offset = recs[-1].offset + 20 + len(recs[-1].data)
+
+
+class Sender:
+    """Sends numbered messages (one at a time, no retries) to ``url`` (``meta://`` or
+    ``zk://``) and keeps the acknowledged ones; a send that raises (no broker registered for
+    the topic during a failover) counts as failed."""
+
+    def __init__(self, url: str) -> None:
+        self.producer = Producer(url, retries=0)
+        self.acked: list[tuple[int, int, int, bytes]] = []  # (partition, offset, msgId, value)
+        self.failed = 0
+        self.n = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.n += 1
+            value = b"m%d" % self.n
+            try:
+                r = self.producer.send("orders", value, partition=self.n % 2, timeout_s=10)
+            except MetaClientError:
+                r = None
+            if r is not None and r.success:
+                self.acked.append((r.partition, r.offset, r.msg_id, value))
+            else:
+                self.failed += 1
+                self._stop.wait(0.02)  # nobody to send to right now: do not spin
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        self.producer.close(5)

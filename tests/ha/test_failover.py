@@ -5,9 +5,10 @@
   same producer's sends succeed again without a restart, and every acknowledged message is on
   the new master exactly once and in order.  The old master started again refuses to start
   as master (fenced).
-- The master SIGSTOPped past its session timeout: the slave takes over; after SIGCONT the old
-  master accepts no write (its syncs are refused, then it knows it is fenced and says so) and
-  stays out of ZooKeeper.
+- The master SIGSTOPped past its session timeout: the slave takes over, mapping a consumer
+  group's offset by its msgId first (recoverOffset); after SIGCONT the old master accepts no
+  write (its syncs are refused, then it knows it is fenced and says so) and stays out of
+  ZooKeeper.
 - A clean stop of the master is no failover: the slave stays a slave.
 """
 
@@ -21,49 +22,15 @@ from pathlib import Path
 import pytest
 
 from pymetaq.client import Producer
-from pymetaq.client.errors import MetaClientError
 from pymetaq.client.protocol import ResultReply
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
 from tests._services import free_port
 from tests.cluster.conftest import new_client
-from tests.ha._helpers import records, start_gregor, start_samsa, stats
+from tests.ha._helpers import Sender, records, start_gregor, start_samsa, stats
 from tests.server._helpers import Wire
 
 pytestmark = [pytest.mark.integration, pytest.mark.zk]
-
-
-class Sender:
-    """Sends numbered messages through ``zk://`` one at a time (no retries) and keeps the
-    acknowledged ones."""
-
-    def __init__(self, url: str) -> None:
-        self.producer = Producer(url, retries=0)
-        self.acked: list[tuple[int, int, bytes]] = []  # (partition, msgId, value)
-        self.failed = 0
-        self.n = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.n += 1
-            value = b"m%d" % self.n
-            try:
-                r = self.producer.send("orders", value, partition=self.n % 2, timeout_s=10)
-            except MetaClientError:  # no broker registered for the topic right now
-                r = None
-            if r is not None and r.success:
-                self.acked.append((r.partition, r.msg_id, value))
-            else:
-                self.failed += 1
-                self._stop.wait(0.02)  # no master right now: do not spin
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-        self.producer.close(5)
 
 
 def failover_line(broker: BrokerProcess) -> str:
@@ -81,14 +48,14 @@ def start_pair(tmp_path: Path, zk_hosts: str) -> tuple[BrokerProcess, BrokerProc
 
 
 def assert_all_acked_once_in_order(
-    broker: BrokerProcess, acked: list[tuple[int, int, bytes]]
+    broker: BrokerProcess, acked: list[tuple[int, int, int, bytes]]
 ) -> None:
     for part in (0, 1):
         stored = [(mid, value) for _, mid, value in records(broker, part)]
         ids = [mid for mid, _ in stored]
         assert len(ids) == len(set(ids)), "a message twice on the new master"
         position = {mid: i for i, mid in enumerate(ids)}
-        mine = [(mid, value) for p, mid, value in acked if p == part]
+        mine = [(mid, value) for p, _, mid, value in acked if p == part]
         missing = [mid for mid, _ in mine if mid not in position]
         assert not missing, f"acknowledged {missing[:5]} missing from the new master"
         assert [position[m] for m, _ in mine] == sorted(position[m] for m, _ in mine)
@@ -136,9 +103,13 @@ def test_stopped_master_is_fenced_when_it_wakes(tmp_path: Path, zk_hosts: str) -
     with slave, master:
         new_url = f"meta://127.0.0.1:{slave.port}"
         with Producer(f"meta://127.0.0.1:{master.port}", retries=0) as p:
-            assert p.send("orders", b"before", partition=0, timeout_s=10).success
+            sent = p.send("orders", b"before", partition=0, timeout_s=10)
+            assert sent.success
         zk = new_client(zk_hosts)
         try:
+            # a group that consumed "before", at a position the new master does not have
+            offsets = "/meta/consumers/g/offsets/orders/0-0"
+            zk.create(offsets, b"%d-12345" % sent.msg_id, makepath=True)
             master.signal(signal.SIGSTOP)
             try:
                 node = "/meta/brokers/ids/0/master"
@@ -149,6 +120,8 @@ def test_stopped_master_is_fenced_when_it_wakes(tmp_path: Path, zk_hosts: str) -
                 )
             finally:
                 master.signal(signal.SIGCONT)
+            ((_, _, data),) = records(slave, 0)  # recoverOffset ran before it registered
+            assert zk.get(offsets)[0] == b"%d-%d" % (sent.msg_id, sent.offset + 20 + len(data))
             with Wire(master.address) as w:  # at once: the promoted slave refuses its syncs
                 reply = w.call(b"put orders 0 5 0 7\r\nstale")
             assert isinstance(reply, ResultReply) and reply.code in (403, 500), reply
