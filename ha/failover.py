@@ -10,11 +10,12 @@ not its address, is what was or was not replicated, and a restart may change its
 - a samsa master starting with ZooKeeper (:func:`claim_as_master`) creates epoch 1 naming
   itself, or finds itself named (and clears ``stopped``, updates its address); a node naming
   another replica means this one was replaced: :class:`Fenced`, it must not serve as master;
-- while it runs, its registration is made only while the node still names it at its epoch
-  (:func:`holds`; checked again whenever its ZooKeeper session changes): a master that lost
-  its session is not a master until it has confirmed that, and one that was replaced stays out;
+- while it runs, its registration is made only while the node still names it (claimed again
+  whenever it reconciles, e.g. after its ZooKeeper session changed): a master that lost its
+  session is not a master until it has confirmed that, and one that was replaced stays out;
 - a clean stop marks ``stopped`` (:func:`mark_stopped`) before the master's nodes go, so its
-  slave does not take over for a planned restart;
+  slave does not take over for a planned restart; so does a master leaving ZooKeeper because
+  its slave keeps failing (MetaQ's unregistration), until it registers again;
 - its gregor slave, with ZooKeeper configured, watches ``brokers/ids/<id>/master``
   (:class:`Promoter`): when the master it saw registered is gone (its session ended: a crash,
   a hang, a partition) and the epoch node still names it, not stopped, the slave writes epoch
@@ -51,9 +52,10 @@ class Fenced(Exception):
 
     retriable = False
 
-    def __init__(self, message: str, holder: str) -> None:
+    def __init__(self, message: str, holder: str, epoch: int) -> None:
         super().__init__(message)
         self.holder = holder  # the master the epoch names
+        self.epoch = epoch
 
 
 @dataclass(frozen=True)
@@ -128,9 +130,13 @@ def read_epoch(client: Any, path: str) -> tuple[Epoch, int] | None:
     return Epoch.decode(raw), stat.version
 
 
-def claim_as_master(client: Any, path: str, url: str, replica: str) -> int:
+def claim_as_master(
+    client: Any, path: str, url: str, replica: str, *, keep_stopped: bool = False
+) -> int:
     """A samsa master (``replica`` at ``url``) starting: its epoch (see the module doc);
-    :class:`Fenced` when the node names another replica."""
+    :class:`Fenced` when the node names another replica.  ``keep_stopped``: a ``stopped``
+    mark stays (the caller clears it by claiming again once its master node exists, so its
+    slave never finds the mark gone and the master node absent)."""
     from kazoo.exceptions import BadVersionError, NodeExistsError
 
     while True:
@@ -148,23 +154,15 @@ def claim_as_master(client: Any, path: str, url: str, replica: str) -> int:
                 f"(an automatic failover; {path} in ZooKeeper): this broker at {url} is no "
                 "longer its master",
                 current.master,
+                current.epoch,
             )
-        if not current.stopped and current.master == url:
+        if (keep_stopped or not current.stopped) and current.master == url:
             return current.epoch
         try:
             client.set(path, Epoch(current.epoch, url, replica).encode(), version=version)
             return current.epoch
         except BadVersionError:
             continue
-
-
-def holds(client: Any, path: str, replica: str, epoch: int) -> Epoch | None:
-    """None if the node names ``replica`` at ``epoch``, else the node's value (who holds it)."""
-    found = read_epoch(client, path)
-    if found is None:
-        return Epoch(0, "(no epoch node)", "")
-    current = found[0]
-    return None if current.replica == replica and current.epoch == epoch else current
 
 
 def mark_stopped(client: Any, path: str, replica: str, epoch: int) -> None:
@@ -245,6 +243,8 @@ class Promoter:
             if current.stopped:
                 log.info("failover: the master %s stopped cleanly: not taking over", master)
             return None
+        if self.client.exists(self.master_path, watch=self._loop.wake) is not None:
+            return None  # registered again meanwhile (it makes its node before it unmarks)
         try:
             self.client.set(
                 self.epoch_path,

@@ -66,7 +66,7 @@ from pymetaq.client.protocol.zk import (
     encode_partition_count,
     meta_url,
 )
-from pymetaq.ha.failover import Fenced, claim_as_master, epoch_path, holds, mark_stopped
+from pymetaq.ha.failover import Fenced, claim_as_master, epoch_path, mark_stopped
 from pymetaq.server.config import BrokerConfig
 from pymetaq.server.errors import ServerError
 
@@ -301,6 +301,8 @@ class BrokerRegistry:
             self._suspended = True
         sid = session_id(self.client)
         try:
+            if self.epoch is not None:  # its slave must not take over meanwhile
+                mark_stopped(self.client, self.epoch_path, self.replica, self.epoch)
             for path in sorted(self._held, reverse=True):
                 self._delete_if_ours(path, sid)
         except KazooException as e:
@@ -384,6 +386,8 @@ class BrokerRegistry:
         master = self.role_path
         if not self._ensure(master, self.url.encode(), sid):
             return self._loop.retry_delay_s  # held by a previous session: touch nothing else
+        if self.epoch is not None and not self._epoch_held(sid, unmark=True):
+            return None  # replaced meanwhile
         if self.slave_id is None:  # the parent's data is the master's (MetaQ's old clients)
             self._set_parent()
         desired = self._desired()
@@ -395,21 +399,30 @@ class BrokerRegistry:
             self._delete_if_ours(path, sid)
         return self._loop.retry_delay_s if waiting else None
 
-    def _epoch_held(self, sid: int | None) -> bool:
+    def _epoch_held(self, sid: int | None, *, unmark: bool = False) -> bool:
+        """Confirm the epoch names this broker (``unmark``: and clear a ``stopped`` mark, once
+        the master node is ours); if another broker holds it, fence this one and drop its
+        nodes."""
         assert self.epoch is not None
-        holder = holds(self.client, self.epoch_path, self.replica, self.epoch)
-        if holder is None:
-            self.on_fence(None)
-            return True
-        why = (
-            f"brokerId {self.broker_id}'s master is {holder.master} since epoch {holder.epoch} "
-            f"(this broker at {self.url} had epoch {self.epoch}): it was replaced"
-        )
-        self.on_fence(why)
-        log.error("fenced: %s; not registering", why)
-        for path in sorted(self._held, reverse=True):
-            self._delete_if_ours(path, sid)
-        return False
+        try:
+            epoch = claim_as_master(
+                self.client, self.epoch_path, self.url, self.replica, keep_stopped=not unmark
+            )
+        except Fenced as e:
+            why = (
+                f"brokerId {self.broker_id}'s master is {e.holder} since epoch {e.epoch} "
+                f"(this broker at {self.url} had epoch {self.epoch}): it was replaced"
+            )
+            self.on_fence(why)
+            log.error("fenced: %s; not registering", why)
+            for path in sorted(self._held, reverse=True):
+                self._delete_if_ours(path, sid)
+            return False
+        if epoch != self.epoch:  # the node was removed by hand and made again
+            log.warning("epoch node %s re-created: now epoch %d", self.epoch_path, epoch)
+            self.epoch = epoch
+        self.on_fence(None)
+        return True
 
     def _set_parent(self) -> None:
         path = self.paths.broker(self.broker_id)

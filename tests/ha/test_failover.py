@@ -160,3 +160,39 @@ def test_a_clean_stop_of_the_master_is_no_failover(tmp_path: Path, zk_hosts: str
         assert failover_line(master) == "epoch 1 state master master -"
         with Producer(f"meta://127.0.0.1:{master.port}", retries=0) as p:
             assert p.send("orders", b"back", partition=0, timeout_s=10).success
+
+
+def test_a_failing_slave_is_no_failover(tmp_path: Path, zk_hosts: str) -> None:
+    """The slave SIGSTOPped past slaveContinuousFailureThreshold and its session timeout: the
+    master leaves ZooKeeper (MetaQ) and marks the epoch; the slave, back, stays a slave and
+    the master registers again."""
+    port = free_port()
+    slave = start_gregor(tmp_path, port, zk_hosts)
+    master = start_samsa(
+        tmp_path, port, zk_hosts, slaveContinuousFailureThreshold=2, checkSlaveIntervalInMills=50
+    )
+    with slave, master:
+        url = f"meta://127.0.0.1:{master.port}"
+        wait_for(lambda: failover_line(slave) == f"epoch - state gregor master {url}", 30, "watch")
+        zk = new_client(zk_hosts)
+        try:
+            node = "/meta/brokers/ids/0/master"
+            slave.signal(signal.SIGSTOP)
+            try:
+                with Producer(url, retries=0) as p:
+                    for _ in range(2):
+                        assert not p.send("orders", b"x", partition=0, timeout_s=10).success
+                wait_for(lambda: not zk.exists(node), 30, "the master left ZooKeeper")
+                assert b'"stopped":true' in zk.get("/meta/brokers/ids/0/epoch")[0]
+                threading.Event().wait(5)  # past the slave's 4 s session: it expired meanwhile
+            finally:
+                slave.signal(signal.SIGCONT)
+            wait_for(lambda: zk.exists(node), 60, "the master registered again")
+            assert zk.get(node)[0] == url.encode()
+            assert b'"stopped":false' in zk.get("/meta/brokers/ids/0/epoch")[0]
+            assert failover_line(slave) == f"epoch - state gregor master {url}"
+            with Producer(url, retries=0) as p:
+                assert p.send("orders", b"healed", partition=0, timeout_s=10).success
+        finally:
+            zk.stop()
+            zk.close()
