@@ -18,6 +18,7 @@ import random
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.zk]
 
 def failover_line(broker: BrokerProcess) -> str:
     return next(ln for ln in stats(broker, "replication") if ln.startswith("epoch "))
+
+
+def value(zk: Any, path: str) -> bytes | None:
+    """A node's data, None while it does not exist (it may go between two calls)."""
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        return bytes(zk.get(path)[0])
+    except NoNodeError:
+        return None
 
 
 def start_pair(tmp_path: Path, zk_hosts: str) -> tuple[BrokerProcess, BrokerProcess]:
@@ -114,7 +125,7 @@ def test_stopped_master_is_fenced_when_it_wakes(tmp_path: Path, zk_hosts: str) -
             try:
                 node = "/meta/brokers/ids/0/master"
                 wait_for(
-                    lambda: zk.exists(node) and zk.get(node)[0] == new_url.encode(),
+                    lambda: value(zk, node) == new_url.encode(),
                     60,
                     "the slave registered as the master",
                 )
