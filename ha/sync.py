@@ -5,10 +5,19 @@ Wire (MetaQ 1.4, master to slave): one ``sync <topic> <partition> <len> <flag> <
 record ``>iiqi`` (len, CRC32(data) & 0x7FFFFFFF, msgId, flag) + data and answers
 ``result 200 "<msgId> <partition> <offset>"`` once it is durable under its own flush policy.
 
-:class:`SyncLink` (samsa side) sends a stored batch as its ``sync`` commands in one write (its
-own small protocol on the codec: one timer and one future per batch, not per message) and
-completes the batch's future when every reply is 200: one round trip per batch, pipelined
-with the next batches (the producer's ack waits for it, not the master's event loop).
+pymetaq's batched form (an extension, docs/protocol.md): ``bsync <topic> <partition> <len>
+<count> <checksum> <opaque>\\r\\n<body>``, the stored batch as it is (records with the
+master's ids and flags, ``checksum`` = CRC32(body) & 0x7FFFFFFF); a pymetaq slave appends it
+with one append and answers once, ``result 200 "<firstMsgId> <partition> <offset> <count>"``
+when it is durable.
+
+:class:`SyncLink` (samsa side) asks a newly connected slave its ``version``: a pymetaq slave
+gets each stored batch as one ``bsync`` (a batch over :data:`BSYNC_MAX` as ``sync``\\ s), any
+other slave (MetaQ's gregor) as the batch's ``sync`` commands in one write; until the answer
+is in, ``sync`` is used.  Either way: one timer and one future per batch, the future completed
+when every reply is 200 (a ``bsync`` reply must name the batch's first id and count): one round
+trip per batch, pipelined with the next batches (the producer's ack waits for it, not the
+master's event loop).
 While the link is down, :meth:`SyncLink.check` says so and the put is answered
 ``500 Slave is disconnected`` before anything is written (MetaQ's behaviour).  A failed batch
 counts towards ``slaveContinuousFailureThreshold`` (any success resets it); reaching it calls
@@ -30,6 +39,7 @@ from typing import Any
 
 from pymetaq.client.protocol import (
     NEED_DATA,
+    Limits,
     Parser,
     ProtocolError,
     ResultReply,
@@ -48,6 +58,10 @@ SLAVE_DISCONNECTED = "Slave is disconnected "
 _HEAD = struct.Struct(">iiqi")
 #: opaques are signed 32-bit and MetaQ reserves 2**31 - 1: wrap before it
 OPAQUE_LIMIT = (1 << 31) - 2
+#: the largest batch sent as one ``bsync`` (a slave's default ``bput``/``bsync`` body limit)
+BSYNC_MAX = Limits().max_batch_body
+#: what a pymetaq broker's ``version`` reply starts with (server/stats.py's VERSION)
+PYMETAQ_VERSION = b"pymetaq-"
 
 
 class SyncFailed(Exception):
@@ -88,6 +102,26 @@ def encode_syncs(
     return out, op - first_op
 
 
+def bsync_head(topic: str, partition: int, records: bytes | bytearray) -> tuple[bytes, int, int]:
+    """The ``bsync`` line of a stored batch up to its opaque (the body is ``records`` itself),
+    the batch's first msgId and its record count (counted from the headers)."""
+    count, pos, n = 0, 0, len(records)
+    while pos + HEADER_SIZE <= n:
+        count += 1
+        pos += HEADER_SIZE + _HEAD.unpack_from(records, pos)[0]
+    first = _HEAD.unpack_from(records, 0)[2] if n >= HEADER_SIZE else 0
+    head = b"bsync %s %d %d %d %d " % (topic.encode(), partition, n, count, checksum(records))
+    return head, first, count
+
+
+def bsync_reply_error(body: bytes, first: int, count: int) -> str | None:
+    """None if a ``bsync`` reply body names ``first`` and ``count``, else what is wrong."""
+    fields = body.split()
+    if len(fields) == 4 and fields[0] == b"%d" % first and fields[3] == b"%d" % count:
+        return None
+    return f"the slave confirmed {body.decode('utf-8', 'replace')!r}, not {count} from {first}"
+
+
 def sync_record(cmd: SyncCommand) -> bytes:
     """The record a gregor slave stores for ``cmd``; ValueError if its checksum is wrong."""
     crc = checksum(cmd.data)
@@ -101,14 +135,19 @@ def sync_record(cmd: SyncCommand) -> bytes:
 class _Batch:
     """The replies one stored batch is waiting for."""
 
-    __slots__ = ("future", "left", "ops", "timer", "where", "why")
+    __slots__ = ("check", "future", "left", "ops", "timer", "where", "why")
 
     def __init__(
-        self, future: asyncio.Future[None], ops: range, where: tuple[str, int] | None
+        self,
+        future: asyncio.Future[None],
+        ops: range,
+        where: tuple[str, int] | None,
+        check: Callable[[ResultReply], str | None] | None = None,
     ) -> None:
         self.future = future
         self.ops = ops
         self.where = where
+        self.check = check  # a 200 reply's body checked: None = fine, else why not
         self.left = len(ops)
         self.why: str | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -152,6 +191,10 @@ class SyncLink:
         self.failures = 0  # consecutive
         self.unhealthy = False
         self.batches = 0
+        #: the slave takes ``bsync`` (it said it is pymetaq); False: MetaQ's ``sync`` only
+        self.batched = False
+        #: set once a connection's ``version`` answer is in (tests and operators wait on it)
+        self.detected = asyncio.Event()
         self._transport: asyncio.Transport | None = None
         self._waiting: dict[int, _Batch] = {}
         self._opaque = 0
@@ -186,8 +229,11 @@ class SyncLink:
                         )
                     assert isinstance(transport, asyncio.Transport)
                     self._transport = transport
+                    self.batched = False
+                    self.detected.clear()
                     log.info("samsa: connected to the slave %s", self.url)
                     logged = False
+                    await self._detect()
                 except (OSError, TimeoutError) as e:
                     if not logged:
                         log.warning("samsa: the slave %s is unreachable: %s", self.url, e)
@@ -195,6 +241,22 @@ class SyncLink:
             if self.unhealthy and self.connected:  # MetaQ's heal thread: probe until it answers
                 await self._probe()
             await asyncio.sleep(interval)
+
+    async def _detect(self) -> None:
+        """Ask the slave's ``version``: a pymetaq slave is sent ``bsync``."""
+        seen: list[bytes] = []
+
+        def note(reply: ResultReply) -> None:
+            seen.append(reply.body)
+            return None
+
+        try:
+            await self._send(lambda op: (encode(VersionCommand(opaque=op)), 1), 1, None, note)
+        except SyncFailed:
+            return  # the link is down again: the next connection asks again
+        self.batched = bool(seen) and seen[0].startswith(PYMETAQ_VERSION)
+        self.detected.set()
+        log.info("samsa: the slave %s takes %s", self.url, "bsync" if self.batched else "sync only")
 
     async def _probe(self) -> None:
         try:
@@ -219,19 +281,31 @@ class SyncLink:
     ) -> asyncio.Future[None]:
         """Send the stored batch; the future completes when the slave holds all of it."""
         self.batches += 1
-        fut = self._send(
-            lambda op: encode_syncs(topic, partition, records, op), len(records), (topic, partition)
-        )
+        where = (topic, partition)
+        if self.batched and len(records) <= BSYNC_MAX:
+            head, first, count = bsync_head(topic, partition, records)
+            fut = self._send(
+                lambda op: ([head + b"%d\r\n" % op, records], 1),
+                1,
+                where,
+                lambda reply: bsync_reply_error(reply.body, first, count),
+            )
+        else:
+            fut = self._send(
+                lambda op: encode_syncs(topic, partition, records, op), len(records), where
+            )
         fut.add_done_callback(self._count)
         return fut
 
     def _send(
         self,
-        build: Callable[[int], tuple[bytes | bytearray, int]],
+        build: Callable[[int], tuple[bytes | bytearray | list[bytes | bytearray], int]],
         most: int,
         where: tuple[str, int] | None,
+        check: Callable[[ResultReply], str | None] | None = None,
     ) -> asyncio.Future[None]:
-        """Write ``build(first_opaque)`` -> (bytes, commands); ``most`` bounds the count."""
+        """Write ``build(first_opaque)`` -> (bytes or buffers, commands); ``most`` bounds the
+        count; ``check`` looks at each 200 reply (None: fine, else why the batch failed)."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         transport = self._transport
@@ -244,12 +318,15 @@ class SyncLink:
         buf, count = build(first)
         ops = range(first, first + count)
         self._opaque = first + count - 1
-        batch = _Batch(done, ops, where)
+        batch = _Batch(done, ops, where, check)
         waiting = self._waiting
         for op in ops:
             waiting[op] = batch
         batch.timer = loop.call_later(self.config.send_timeout_ms / 1000, self._expire, batch)
-        transport.write(buf)
+        if isinstance(buf, list):
+            transport.writelines(buf)
+        else:
+            transport.write(buf)
         if not count:
             self._finish(batch)
         return done
@@ -258,9 +335,12 @@ class SyncLink:
         batch = self._waiting.pop(getattr(reply, "opaque", -1), None)
         if batch is None:
             return  # late (its batch timed out) or not ours
-        if (not isinstance(reply, ResultReply) or reply.code != 200) and batch.why is None:
-            body = getattr(reply, "body", b"").decode("utf-8", "replace")
-            batch.why = f"{getattr(reply, 'code', '?')} {body}"
+        if batch.why is None:
+            if not isinstance(reply, ResultReply) or reply.code != 200:
+                body = getattr(reply, "body", b"").decode("utf-8", "replace")
+                batch.why = f"{getattr(reply, 'code', '?')} {body}"
+            elif batch.check is not None:
+                batch.why = batch.check(reply)
         batch.left -= 1
         if batch.left == 0:
             self._finish(batch)

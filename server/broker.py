@@ -33,6 +33,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from pymetaq.ha.failover import replica_id
 from pymetaq.server import default_config
 from pymetaq.server.config import BrokerConfig
 from pymetaq.server.connection import Connection
@@ -40,7 +41,13 @@ from pymetaq.server.dispatch import Dispatcher
 from pymetaq.server.errors import BrokerStateError, ConfigError, StartupError
 from pymetaq.server.http import start_dashboard
 from pymetaq.server.registry import RegistryError
-from pymetaq.server.replication import check_slave_config, start_slave, start_sync_link
+from pymetaq.server.replication import (
+    check_slave_config,
+    start_promoter,
+    start_slave,
+    start_sync_link,
+    stop_promoter,
+)
 from pymetaq.server.security.tls import server_context
 from pymetaq.server.transaction.service import TransactionService
 from pymetaq.storage import MessageStoreManager, StorageError
@@ -77,6 +84,16 @@ class Broker:
         self.samsa = samsa
         self.gregor = gregor
         self.sync_link: SyncLink | None = None
+        #: automatic failover (pymetaq.ha.failover): the epoch this broker is the master at,
+        #: why it may not accept writes now (None: it may), a gregor slave's watch on its master
+        self.epoch: int | None = None
+        self.fenced: str | None = None
+        self.promoter: Any = None
+        self.promotion: asyncio.Task[None] | None = None  # the promoted broker's registration
+        self.replica = ""  # a pair's replica id (pymetaq.ha.failover.replica_id), with zk
+        #: map consumer offsets by msgId before registering (pymetaq.ha.recover): a samsa
+        #: master's recoverOffset=true, and always for a promoted gregor slave
+        self.recover_offsets = samsa.recover_offset if samsa is not None else False
         self.store: Any = None
         self.transactions: Any = None
         self.port = 0
@@ -293,15 +310,30 @@ class Broker:
             raise
 
     async def _register(self) -> None:
+        if (self.gregor or self.samsa is not None) and self.config.zookeeper.enabled:
+            self.replica = replica_id(self.config.system.data_path)
         if self.gregor:  # MetaQ's gregor slave forces zkEnable=false: clients never see it
-            if self.config.zookeeper.enabled:
-                log.info("gregor slave: not registering in ZooKeeper (as MetaQ)")
+            if self.config.zookeeper.enabled:  # pymetaq: it watches its master (failover)
+                log.info(
+                    "gregor slave: not registering in ZooKeeper (as MetaQ); watching the master"
+                )
+                self.promoter = await start_promoter(self)
             return
         if self.config.zookeeper.enabled:  # kazoo is imported only then
             from pymetaq.server.registry import open_registry
 
             loop = asyncio.get_running_loop()
             self.registry = await loop.run_in_executor(None, open_registry, self)
+            self.epoch = self.registry.epoch
+
+    def set_fenced(self, why: str | None) -> None:
+        """(any thread) Why this master may not accept writes now, or None when it may."""
+        if why != self.fenced:
+            if why is None:
+                log.info("epoch %s confirmed: accepting writes", self.epoch)
+            else:
+                log.error("not accepting writes: %s", why)
+        self.fenced = why
 
     def topic_stored(self, topic: str) -> None:
         """The dispatcher opened ``topic`` for writing (a pattern topic's first put)."""
@@ -321,6 +353,8 @@ class Broker:
     async def _shutdown(self, server: asyncio.Server, dispatcher: Dispatcher) -> None:
         if self.slave is not None:  # stop appending before anything else stops
             await self.slave.close()
+        if self.promoter is not None:
+            await asyncio.get_running_loop().run_in_executor(None, stop_promoter, self.promoter)
         if self.registry is not None:  # MetaQ: unregister, let clients notice, then stop
             await asyncio.get_running_loop().run_in_executor(None, self.registry.stop)
             sync_ms = self.config.zookeeper.sync_time_ms

@@ -28,7 +28,7 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 | stats        | 200 ``STATS\\r\\n...END\\r\\n``          |                                          |
 | version      | 200 version string (also the heartbeat)  |                                          |
 | transaction  | :mod:`pymetaq.server.transaction.handler` (also ``txadmin``, ``stats transactions``) |
-| sync         | -                                        | 500 not a slave                          |
+| sync, bsync  | -                                        | 500 not a slave                          |
 | admin        | 200 text (:mod:`pymetaq.server.monitor.ops`) | 403 not from a loopback address      |
 |              |                                          | (security off) or no admin right;        |
 |              |                                          | 400/404/500 per action                   |
@@ -74,6 +74,7 @@ from pymetaq.client.protocol import (
     AdminCommand,
     AuthCommand,
     BatchPutCommand,
+    BatchSyncCommand,
     Event,
     GetCommand,
     Limits,
@@ -180,6 +181,7 @@ class Dispatcher:
                 _route(TransactionCommand, self.tx.on_transaction),
                 _route(TxAdminCommand, self.tx.on_admin),
                 _route(SyncCommand, self.on_sync),
+                _route(BatchSyncCommand, self.on_bsync),
                 _route(AdminCommand, self.on_admin),
                 _route(AuthCommand, self.guard.on_auth),
             )
@@ -376,19 +378,28 @@ class Dispatcher:
 
     def on_bput(self, conn: Connection, cmd: BatchPutCommand) -> None:
         self.stats.counters["cmd_put"] += 1
-        body = cmd.body if isinstance(cmd.body, bytearray) else bytearray(cmd.body)
-        if cmd.checksum is not None and cmd.checksum != checksum(body):
-            self._put_failed(conn, cmd.opaque, "Checksum failed: batch body checksum mismatch")
-            return
-        if not 0 < cmd.count <= len(body) // HEADER_SIZE:
-            reason = f"invalid batch: {cmd.count} records cannot fill a {len(body)}-byte body"
-            self._put_failed(conn, cmd.opaque, reason, code=400)
+        body = self._batch_body(conn, cmd)
+        if body is None:
             return
         target = self._put_target(conn, cmd.topic, cmd.partition, cmd.opaque)
         if target is None:
             return
         plog, tc = target
         self.appender.batch(conn, plog, tc.stat, body, cmd.opaque)
+
+    def _batch_body(
+        self, conn: Connection, cmd: BatchPutCommand | BatchSyncCommand
+    ) -> bytearray | None:
+        """A ``bput``/``bsync`` body whose checksum and count are plausible, else None (answered)."""
+        body = cmd.body if isinstance(cmd.body, bytearray) else bytearray(cmd.body)
+        if cmd.checksum is not None and cmd.checksum != checksum(body):
+            self._put_failed(conn, cmd.opaque, "Checksum failed: batch body checksum mismatch")
+            return None
+        if not 0 < cmd.count <= len(body) // HEADER_SIZE:
+            reason = f"invalid batch: {cmd.count} records cannot fill a {len(body)}-byte body"
+            self._put_failed(conn, cmd.opaque, reason, code=400)
+            return None
+        return body
 
     # -- get / offset ---------------------------------------------------------------------------
     def on_get(self, conn: Connection, cmd: GetCommand) -> None:
@@ -541,15 +552,37 @@ class Dispatcher:
         except ValueError as e:
             self._put_failed(conn, cmd.opaque, f"Put message failed: {e}")
             return
-        key = (cmd.topic, cmd.partition)
+        target = self._sync_target(conn, cmd.topic, cmd.partition, cmd.opaque)
+        if target is not None:
+            plog, tc = target
+            self.appender.synced(conn, plog, tc.stat, record, cmd.msg_id, cmd.opaque)
+
+    def on_bsync(self, conn: Connection, cmd: BatchSyncCommand) -> None:
+        """pymetaq's batched ``sync``: a gregor slave appends the master's stored batch as it
+        is (storage checks every record's CRC and that no id is 0) and answers once durable."""
+        if not self.broker.gregor:
+            conn.result(500, SYNC_DISABLED, cmd.opaque)
+            return
+        self.stats.counters["cmd_put"] += 1
+        body = self._batch_body(conn, cmd)
+        if body is None:
+            return
+        target = self._sync_target(conn, cmd.topic, cmd.partition, cmd.opaque)
+        if target is not None:
+            plog, tc = target
+            self.appender.synced_batch(conn, plog, tc.stat, body, cmd.opaque)
+
+    def _sync_target(
+        self, conn: Connection, topic: str, partition: int, opaque: int
+    ) -> tuple[PartitionLog, TopicConfig] | None:
+        key = (topic, partition)
         target = self._sync_targets.get(key)
         if target is None or target[0].closed or self.monitor.closed.active:
-            target = self._put_target(conn, cmd.topic, cmd.partition, cmd.opaque, sync=True)
+            target = self._put_target(conn, topic, partition, opaque, sync=True)
             if target is None:
-                return
+                return None
             self._sync_targets[key] = target  # a checked, existing partition: bounded
-        plog, tc = target
-        self.appender.synced(conn, plog, tc.stat, record, cmd.msg_id, cmd.opaque)
+        return target
 
     def on_admin(self, conn: Connection, cmd: AdminCommand) -> None:
         """pymetaq's ``admin`` (server/monitor/ops.py): loopback peers only until clients are

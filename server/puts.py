@@ -4,7 +4,10 @@ Single ``put`` commands that arrive in the same event-loop iteration (a pipelini
 several clients) for the same partition are concatenated and written with **one**
 ``PartitionLog.append``; the append's consecutive ids and the records' sizes give every put
 its own ``"<msgId> <partition> <offset>"``.  A ``bput`` body is appended as it is, after any
-coalesced puts of that log were written, so one connection's writes keep their order.  Every
+coalesced puts of that log were written, so one connection's writes keep their order.  A
+gregor slave's ``sync`` records are coalesced the same way (one append per log and loop
+iteration, the master's ids kept); a ``bsync`` body is appended as it is, after that log's
+queued syncs.  Every
 append passes ``max_record_size = maxTransferSize - 20``: storage rejects (400, nothing
 stored) a batch holding a record that no ``get`` could ever return.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import struct
 import threading
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -50,6 +54,7 @@ INLINE_SYNC_BYTES = 64 * 1024
 #: an inline fsync slower than this sends the next ones to the flusher for INLINE_BACKOFF_S
 INLINE_SLOW_S = 0.001
 INLINE_BACKOFF_S = 0.1
+_FIRST_ID = struct.Struct(">q")
 
 
 class PutWaiter(NamedTuple):
@@ -70,10 +75,11 @@ class SyncWaiter(NamedTuple):
 
 
 class BatchWaiter(NamedTuple):
-    """A whole ``bput``: one reply carrying the first id and the count."""
+    """A whole ``bput`` or ``bsync``: one reply carrying the first id and the count."""
 
     conn: Connection
     opaque: int
+    msg_id: int = 0  # a bsync's first record's id (the master's); 0: the id storage stamped
 
 
 Waiters = list[PutWaiter] | list[SyncWaiter] | BatchWaiter
@@ -184,6 +190,18 @@ class Appender:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self.flush_all)
+
+    def synced_batch(
+        self, conn: Connection, plog: PartitionLog, stat: bool, body: bytearray, opaque: int
+    ) -> None:
+        """Append a ``bsync`` body as it is (the master's ids and flags), after any ``sync``
+        records of that log queued earlier in this iteration (one connection's order kept)."""
+        entry = self._synced.pop(id(plog), None)
+        if entry is not None:
+            self._append(entry[0], entry[1], entry[2], entry[3], stamp_ids=False)
+        conn.request_started()
+        first = _FIRST_ID.unpack_from(body, 8)[0] if len(body) >= HEADER_SIZE else 0
+        self._append(plog, stat, body, BatchWaiter(conn, opaque, first), stamp_ids=False)
 
     def flush_all(self) -> None:
         self._flush_scheduled = False
@@ -329,8 +347,9 @@ class Appender:
             self.stats.realtime("message_size", plog.topic, result.length, result.count)
         partition = plog.partition
         if isinstance(waiters, BatchWaiter):
-            conn, opaque = waiters
-            body = b"%d %d %d %d" % (result.first_msg_id, partition, result.offset, result.count)
+            conn, opaque, first = waiters
+            first = first or result.first_msg_id
+            body = b"%d %d %d %d" % (first, partition, result.offset, result.count)
             conn.request_done()
             conn.reply(result_frame(200, body, opaque))
             return

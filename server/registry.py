@@ -66,6 +66,7 @@ from pymetaq.client.protocol.zk import (
     encode_partition_count,
     meta_url,
 )
+from pymetaq.ha.failover import Fenced, claim_as_master, epoch_path, mark_stopped
 from pymetaq.server.config import BrokerConfig
 from pymetaq.server.errors import ServerError
 
@@ -155,6 +156,11 @@ class BrokerRegistry:
         client: Any = None,
         slave_id: int | None = None,
         tls_port: int = -1,
+        epoch: int | None = None,
+        claim: bool = False,
+        replica: str = "",
+        before_register: Callable[[Any], None] | None = None,
+        on_fence: Callable[[str | None], None] = lambda why: None,
     ) -> None:
         self._config = config
         cfg = config()
@@ -180,6 +186,16 @@ class BrokerRegistry:
         self._session: int | None = None
         self._waiting_logged: set[str] = set()
         self._suspended = False
+        #: automatic failover (pymetaq.ha.failover): ``claim`` = a samsa master claims the
+        #: epoch at start; with an epoch the master registers only while the epoch node still
+        #: names it, and ``on_fence(why)`` / ``on_fence(None)`` says when it may not / may write
+        self.claim = claim
+        self.epoch = epoch
+        self.replica = replica
+        #: run with the started client before the first registration (recoverOffset)
+        self.before_register = before_register
+        self.epoch_path = epoch_path(self.paths, self.broker_id)
+        self.on_fence = on_fence
         self._loop = RefreshLoop(
             f"pymetaq-registry-{self.broker_id}",
             self._reconcile,
@@ -199,11 +215,26 @@ class BrokerRegistry:
                     f"cannot connect to ZooKeeper at {self.hosts} (zk.zkConnect) within "
                     f"{self._connect_timeout_s:g} s: {e}"
                 ) from e
-        self.client.add_listener(self._loop.wake)
+        try:
+            if self.claim:
+                self.epoch = claim_as_master(self.client, self.epoch_path, self.url, self.replica)
+        except Fenced as e:
+            self._close_client()
+            raise RegistryConflict(
+                f"{e}; start it as the gregor slave of {e.holder} "
+                f"(-Fgregor=...) or, to make it the master again, delete {self.epoch_path}"
+            ) from e
+        if self.before_register is not None:
+            try:
+                self.before_register(self.client)
+            except Exception:
+                self._close_client()
+                raise
+        self.client.add_listener(self._state)
         try:
             self._first_reconcile()
         except RegistryConflict:
-            self.client.remove_listener(self._loop.wake)
+            self.client.remove_listener(self._state)
             self._close_client()
             raise
         self._loop.start()
@@ -270,6 +301,8 @@ class BrokerRegistry:
             self._suspended = True
         sid = session_id(self.client)
         try:
+            if self.epoch is not None:  # its slave must not take over meanwhile
+                mark_stopped(self.client, self.epoch_path, self.replica, self.epoch)
             for path in sorted(self._held, reverse=True):
                 self._delete_if_ours(path, sid)
         except KazooException as e:
@@ -293,9 +326,11 @@ class BrokerRegistry:
         from kazoo.exceptions import KazooException, NoNodeError
 
         self._loop.stop()
-        self.client.remove_listener(self._loop.wake)
+        self.client.remove_listener(self._state)
         sid = session_id(self.client)
         try:
+            if self.epoch is not None:  # a planned stop: the slave does not take over
+                mark_stopped(self.client, self.epoch_path, self.replica, self.epoch)
             for path in sorted(self._held, reverse=True):
                 self._delete_if_ours(path, sid)
             if self.slave_id is None:
@@ -331,6 +366,14 @@ class BrokerRegistry:
             return self.paths.broker_master(self.broker_id)
         return self.paths.broker_slave(self.broker_id, self.slave_id)
 
+    def _state(self, state: str) -> None:
+        """kazoo's state listener: a lost session unconfirms the epoch until reconciled."""
+        if state == "LOST" and self.epoch is not None:
+            self.on_fence(
+                "its ZooKeeper session expired: not a master until it has confirmed its epoch"
+            )
+        self._loop.wake()
+
     def _reconcile(self) -> float | None:
         if self._suspended or not self.client.connected:
             return None  # the CONNECTED listener wakes us
@@ -338,9 +381,13 @@ class BrokerRegistry:
         if sid != self._session:
             with self._lock:
                 self._session, self._held = sid, set()
+        if self.epoch is not None and not self._epoch_held(sid):
+            return None  # replaced: stay out (the broker refuses writes)
         master = self.role_path
         if not self._ensure(master, self.url.encode(), sid):
             return self._loop.retry_delay_s  # held by a previous session: touch nothing else
+        if self.epoch is not None and not self._epoch_held(sid, unmark=True):
+            return None  # replaced meanwhile
         if self.slave_id is None:  # the parent's data is the master's (MetaQ's old clients)
             self._set_parent()
         desired = self._desired()
@@ -351,6 +398,31 @@ class BrokerRegistry:
         for path in sorted(self._held - set(desired)):
             self._delete_if_ours(path, sid)
         return self._loop.retry_delay_s if waiting else None
+
+    def _epoch_held(self, sid: int | None, *, unmark: bool = False) -> bool:
+        """Confirm the epoch names this broker (``unmark``: and clear a ``stopped`` mark, once
+        the master node is ours); if another broker holds it, fence this one and drop its
+        nodes."""
+        assert self.epoch is not None
+        try:
+            epoch = claim_as_master(
+                self.client, self.epoch_path, self.url, self.replica, keep_stopped=not unmark
+            )
+        except Fenced as e:
+            why = (
+                f"brokerId {self.broker_id}'s master is {e.holder} since epoch {e.epoch} "
+                f"(this broker at {self.url} had epoch {self.epoch}): it was replaced"
+            )
+            self.on_fence(why)
+            log.error("fenced: %s; not registering", why)
+            for path in sorted(self._held, reverse=True):
+                self._delete_if_ours(path, sid)
+            return False
+        if epoch != self.epoch:  # the node was removed by hand and made again
+            log.warning("epoch node %s re-created: now epoch %d", self.epoch_path, epoch)
+            self.epoch = epoch
+        self.on_fence(None)
+        return True
 
     def _set_parent(self) -> None:
         path = self.paths.broker(self.broker_id)
@@ -433,6 +505,28 @@ def open_registry(broker: Any) -> BrokerRegistry | None:
         stored_topics=broker.store.topics(),
         slave_id=None if slave is None else slave.slave_id,
         tls_port=broker.tls_port,
+        epoch=getattr(broker, "epoch", None),
+        claim=getattr(broker, "samsa", None) is not None,
+        replica=getattr(broker, "replica", ""),
+        before_register=_recover_offsets(broker)
+        if getattr(broker, "recover_offsets", False)
+        else None,
+        on_fence=getattr(broker, "set_fenced", lambda why: None),
     )
     registry.start()
     return registry
+
+
+def _recover_offsets(broker: Any) -> Callable[[Any], None]:
+    """MetaQ's recoverOffset for ``broker`` (:mod:`pymetaq.ha.recover`), as a registry hook."""
+    from pymetaq.ha.recover import recover_offsets
+
+    cfg = broker.config
+
+    def run(client: Any) -> None:
+        done = recover_offsets(
+            client, ZkPaths(cfg.zookeeper.root), cfg.system.broker_id, broker.store.logs()
+        )
+        log.info("recoverOffset: %d consumer offset(s) mapped by msgId", len(done))
+
+    return run

@@ -13,7 +13,11 @@ A broker started with ``-Fmetaslave=async_slave.properties`` is an asynchronous 
   state <following|waiting|error: ...>`` (:class:`pymetaq.ha.replica.ReplicaStatus`);
 - on a master, per slave fetch group (groups named ``meta-slave-group...``, MetaQ's default
   slaveGroup) and partition, the ``stats lag`` line: ``<group> <topic> part <p> fetch_offset
-  <n> max_offset <n> lag_bytes <n> lag_seconds <s> idle_seconds <s>``.
+  <n> max_offset <n> lag_bytes <n> lag_seconds <s> idle_seconds <s>``;
+- on a samsa master, first a line for its gregor slave: ``gregor <host:port> state
+  <connected|disconnected|unhealthy> form <bsync|sync> batches <n> failures <n>`` (``form``:
+  what its batches are sent as; ``failures``: consecutive, towards
+  slaveContinuousFailureThreshold).
 
 With ``autoSyncMasterConfig=true`` the master's ``[topic=...]`` sections (from ``stats
 config``) replace the slave's own in its server.ini (written to a temporary file and renamed;
@@ -32,6 +36,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from pymetaq.ha.config import SLAVE_GROUP_PREFIX, SlaveConfig, merge_master_topics
+from pymetaq.ha.failover import Promoter
 from pymetaq.ha.slave import AsyncSlave
 from pymetaq.ha.sync import SyncLink
 from pymetaq.server.errors import ConfigError
@@ -56,7 +61,9 @@ SLAVE_PUT_REFUSED = (
 
 
 def put_refusal(broker: Broker) -> str | None:
-    """Why a client's put is refused here (a replica), or None."""
+    """Why a client's put is refused here (a replica, or a fenced master), or None."""
+    if broker.fenced is not None:
+        return f"broker {broker.config.system.broker_id} is not accepting writes: {broker.fenced}"
     bid = broker.config.system.broker_id
     if broker.slave_config is not None:
         return SLAVE_PUT_REFUSED.format(id=bid, sid=broker.slave_config.slave_id)
@@ -162,7 +169,18 @@ def replication_lines(broker: Broker) -> list[str]:
     if dispatcher is None:
         return []
     rows = dispatcher.monitor.lag_rows(broker.store.logs())
-    return [lag_line(r) for r in rows if r.group.startswith(SLAVE_GROUP_PREFIX)]
+    lines = [lag_line(r) for r in rows if r.group.startswith(SLAVE_GROUP_PREFIX)]
+    if broker.epoch is not None or broker.fenced is not None or broker.promoter is not None:
+        lines.insert(0, failover_line(broker))
+    link = broker.sync_link
+    if link is not None:
+        state = "unhealthy" if link.unhealthy else "connected" if link.connected else "disconnected"
+        lines.insert(
+            0,
+            f"gregor {link.url} state {state} form {'bsync' if link.batched else 'sync'} "
+            f"batches {link.batches} failures {link.failures}",
+        )
+    return lines
 
 
 def start_sync_link(broker: Broker) -> SyncLink:
@@ -184,3 +202,73 @@ def start_sync_link(broker: Broker) -> SyncLink:
     )
     link.start()
     return link
+
+
+def failover_line(broker: Broker) -> str:
+    """``stats replication``'s failover line: ``epoch <n|-> state <master|fenced|gregor>
+    master <meta://...|->`` (the master a gregor slave watches, or this broker's own)."""
+    promoter = broker.promoter
+    if broker.fenced is not None:
+        state = "fenced"
+    elif broker.gregor:
+        state = "gregor"
+    else:
+        state = "master"
+    seen = promoter.seen if promoter is not None and broker.gregor else None
+    epoch = "-" if broker.epoch is None else str(broker.epoch)
+    return f"epoch {epoch} state {state} master {seen or '-'}"
+
+
+async def start_promoter(broker: Broker) -> Promoter:
+    """A gregor slave with ZooKeeper: watch the master; take over when it is gone
+    (:mod:`pymetaq.ha.failover`).  :class:`RegistryError` if ZooKeeper does not answer."""
+    from pymetaq.client.cluster.session import kazoo_client, start_client
+    from pymetaq.client.protocol.zk import ZkPaths, meta_url
+    from pymetaq.server.registry import RegistryError, advertised_host
+
+    zk = broker.config.zookeeper
+    loop = asyncio.get_running_loop()
+    client = kazoo_client(zk.connect, session_timeout_s=zk.session_timeout_ms / 1000)
+    try:
+        await loop.run_in_executor(
+            None, start_client, client, zk.connect, zk.connection_timeout_ms / 1000
+        )
+    except Exception as e:
+        raise RegistryError(str(e)) from e
+    url = meta_url(advertised_host(broker.host), broker.port)
+
+    def promoted(epoch: int) -> None:  # the promoter's thread
+        loop.call_soon_threadsafe(_promote, broker, epoch)
+
+    bid = broker.config.system.broker_id
+    promoter = Promoter(client, ZkPaths(zk.root), bid, url, broker.replica, promoted)
+    promoter.start()
+    return promoter
+
+
+def stop_promoter(promoter: Promoter) -> None:
+    promoter.stop()
+    promoter.client.stop()
+    promoter.client.close()
+
+
+def _promote(broker: Broker, epoch: int) -> None:
+    """(loop) The gregor slave becomes the master at ``epoch``: it takes puts from now on,
+    refuses its old master's syncs, and registers as ``-m``."""
+    broker.gregor = False
+    broker.epoch = epoch
+    broker.fenced = None
+    broker.recover_offsets = True
+    if broker.dispatcher is not None:
+        broker.dispatcher.invalidate_logs()
+    broker.promotion = asyncio.get_running_loop().create_task(_register_promoted(broker))
+
+
+async def _register_promoted(broker: Broker) -> None:
+    from pymetaq.server.registry import open_registry
+
+    loop = asyncio.get_running_loop()
+    try:
+        broker.registry = await loop.run_in_executor(None, open_registry, broker)
+    except Exception:
+        log.exception("failover: registering as the master failed")

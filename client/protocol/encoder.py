@@ -25,6 +25,7 @@ from pymetaq.client.protocol.model import (
     AdminCommand,
     AuthCommand,
     BatchPutCommand,
+    BatchSyncCommand,
     Event,
     GetCommand,
     OffsetCommand,
@@ -113,10 +114,10 @@ def _put(cmd: PutCommand) -> tuple[bytes, Body]:
     return _line(*head), data
 
 
-def _bput(cmd: BatchPutCommand) -> tuple[bytes, Body]:
+def _batch(verb: str, cmd: BatchPutCommand | BatchSyncCommand) -> tuple[bytes, Body]:
     body = _body(cmd.body, "batch body")
     line = _line(
-        "bput",
+        verb,
         _s(cmd.topic, "topic"),
         _i32(cmd.partition, "partition"),
         _len(body),
@@ -125,6 +126,14 @@ def _bput(cmd: BatchPutCommand) -> tuple[bytes, Body]:
         _i32(cmd.opaque, "opaque"),
     )
     return line, body
+
+
+def _bput(cmd: BatchPutCommand) -> tuple[bytes, Body]:
+    return _batch("bput", cmd)
+
+
+def _bsync(cmd: BatchSyncCommand) -> tuple[bytes, Body]:
+    return _batch("bsync", cmd)
 
 
 def _sync(cmd: SyncCommand) -> tuple[bytes, Body]:
@@ -234,6 +243,7 @@ _ENCODERS: dict[type, Callable[[Any], tuple[bytes, Body]]] = {
     PutCommand: _put,
     BatchPutCommand: _bput,
     SyncCommand: _sync,
+    BatchSyncCommand: _bsync,
     GetCommand: _get,
     OffsetCommand: _offset,
     StatsCommand: _stats,

@@ -82,7 +82,7 @@ class Limits:
     ``max_line``: bytes in a command line, CRLF excluded.  ``max_body``: body of ``put``,
     ``sync``, ``result`` and ``value`` - default MetaQ's 1 MiB ``maxTransferSize`` plus
     :data:`BODY_SLACK`, so a full-size ``get`` reply fits; a broker passes
-    :meth:`for_transfer_size` of its own setting.  ``max_batch_body``: body of ``bput``.
+    :meth:`for_transfer_size` of its own setting.  ``max_batch_body``: body of ``bput`` and ``bsync``.
     """
 
     max_line: int = 4096
@@ -236,6 +236,23 @@ class SyncCommand:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchSyncCommand:
+    """pymetaq ``bsync <topic> <partition> <len> <count> <checksum> <opaque>\\r\\n<body>``.
+
+    Master to slave: ``body`` = ``count`` complete records exactly as the master stored them
+    (its ids and flags); ``checksum`` = CRC32(body) & 0x7FFFFFFF or ``None`` (``-1``).  The
+    parser hands out a fresh ``bytearray``.
+    """
+
+    topic: str
+    partition: int
+    body: bytes | bytearray
+    count: int
+    checksum: int | None = None
+    opaque: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class AdminCommand:
     """``admin <action> [<arg>...] <opaque>`` - pymetaq's operations extension (close/open a
     partition, reload the config, slave status; see docs/protocol.md).  1 to 5 args."""
@@ -287,6 +304,7 @@ Command: TypeAlias = (
     | TransactionCommand
     | TxAdminCommand
     | SyncCommand
+    | BatchSyncCommand
     | AdminCommand
     | AuthCommand
 )

@@ -9,6 +9,7 @@ followed by a body when the verb carries a length token:
 | put      | server | 6, 7, 8  | 3            | ``Limits.max_body``    |
 | sync     | server | 7, 8     | 3            | ``Limits.max_body``    |
 | bput     | server | 7        | 3            | ``Limits.max_batch_body`` |
+| bsync    | server | 7        | 3            | ``Limits.max_batch_body`` |
 | get      | server | 7, 8     | -            |                        |
 | offset   | server | 6        | -            |                        |
 | stats    | server | 1, 2, 3  | -            |                        |
@@ -28,7 +29,7 @@ empty item token).  Lines end with CRLF; ``Parser(..., bare_lf=True)`` also acce
 once all of it has arrived; bytes after a complete frame stay buffered.  The buffer is a ``bytearray`` with a read position, compacted when the
 consumed prefix is large, and the line scan resumes where it stopped: feeding byte by byte or
 many small frames stays linear.  A body is copied out exactly once (a ``bytearray`` for
-``bput`` so the broker can stamp ids in place, ``bytes`` otherwise).
+``bput`` and ``bsync`` so the broker can stamp ids in place / append it as it is, ``bytes`` otherwise).
 
 Errors (:class:`ProtocolError`): *fatal* when framing is lost - a line longer than
 ``max_line`` bytes, a missing/unparseable/negative body length or one over int32 (MetaQ's
@@ -60,6 +61,7 @@ from pymetaq.client.protocol.model import (
     AdminCommand,
     AuthCommand,
     BatchPutCommand,
+    BatchSyncCommand,
     Event,
     GetCommand,
     Limits,
@@ -196,6 +198,19 @@ def _bput(t: Tokens, body: Body) -> BatchPutCommand:
     )
 
 
+def _bsync(t: Tokens, body: Body) -> BatchSyncCommand:
+    _need(t, 7)
+    assert isinstance(body, bytearray)
+    return BatchSyncCommand(
+        _str(t[1], "topic"),
+        _int(t[2], "partition"),
+        body,
+        _int(t[4], "count", 0),
+        _checksum(t[5]),
+        _int(t[6], "opaque"),
+    )
+
+
 def _sync(t: Tokens, body: Body) -> SyncCommand:
     _need(t, 7, 8)
     checksum = _checksum(t[6]) if len(t) == 8 else None
@@ -306,6 +321,7 @@ _SERVER_VERBS: Final[dict[bytes, _Verb]] = {
     b"put": _Verb(_put, 3),
     b"bput": _Verb(_bput, 3, batch=True),
     b"sync": _Verb(_sync, 3),
+    b"bsync": _Verb(_bsync, 3, batch=True),
     b"get": _Verb(_get),
     b"offset": _Verb(_offset),
     b"stats": _Verb(_stats),

@@ -39,6 +39,7 @@ from pymetaq.client.protocol import (
     AdminCommand,
     AuthCommand,
     BatchPutCommand,
+    BatchSyncCommand,
     GetCommand,
     OffsetCommand,
     PutCommand,
@@ -61,6 +62,10 @@ MAX_CHECKS = 2
 MAX_TRACKED_IPS = 10000
 AUTH_FAILED = b"authentication failed"
 ADMIN_STATS = frozenset({"config", "reset"})
+
+
+#: commands only an identity with the admin right may run (replication's included)
+_ADMIN_ONLY = frozenset({AdminCommand, TxAdminCommand, SyncCommand, BatchSyncCommand})
 
 
 class _Failures:
@@ -127,7 +132,7 @@ class Guard:
             return ident.admin_denied() if cmd.item in ADMIN_STATS else None  # type: ignore[attr-defined]
         if kind is TransactionCommand:
             return ident.transaction_denied()
-        if kind is AdminCommand or kind is TxAdminCommand or kind is SyncCommand:
+        if kind in _ADMIN_ONLY:
             return ident.admin_denied()
         return None
 

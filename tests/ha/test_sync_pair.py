@@ -18,39 +18,14 @@ from pathlib import Path
 import pytest
 
 from pymetaq.client import Producer
-from pymetaq.client.protocol import ResultReply, ValueReply
-from pymetaq.storage.record import iter_records
+from pymetaq.client.protocol import ResultReply
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
 from tests._services import free_port
+from tests.ha._helpers import SYNC_TOPICS, Sender, records, start_gregor, start_samsa
 from tests.server._helpers import Wire
 
 pytestmark = pytest.mark.integration
-
-TOPICS = {"orders": {"numPartitions": 2}}
-
-
-def start_gregor(tmp_path: Path, port: int) -> BrokerProcess:
-    props = tmp_path / "gregor_slave.properties"
-    props.write_text("# MetaQ's gregor_slave.properties is empty\n", encoding="utf-8")
-    return BrokerProcess.start(
-        tmp_path,
-        name="gregor",
-        system={"serverPort": port},
-        topics=TOPICS,
-        extra_args=[f"-Fgregor={props}"],
-    )
-
-
-def start_samsa(tmp_path: Path, slave_port: int, **keys: object) -> BrokerProcess:
-    props = tmp_path / "samsa_master.properties"
-    extra = "".join(f"{k}={v}\n" for k, v in keys.items())
-    props.write_text(
-        f"slave=127.0.0.1:{slave_port}\nsendToSlaveTimeoutInMills=2000\n{extra}", encoding="utf-8"
-    )
-    return BrokerProcess.start(
-        tmp_path, name="samsa", topics=TOPICS, extra_args=[f"-Fsamsa={props}"]
-    )
 
 
 def pymetaq(*args: str) -> subprocess.CompletedProcess[str]:
@@ -64,8 +39,8 @@ def pymetaq(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_verify_finds_replicas_that_differ(tmp_path: Path) -> None:
     with (
-        BrokerProcess.start(tmp_path, name="a", topics=TOPICS) as a,
-        BrokerProcess.start(tmp_path, name="b", topics=TOPICS) as b,
+        BrokerProcess.start(tmp_path, name="a", topics=SYNC_TOPICS) as a,
+        BrokerProcess.start(tmp_path, name="b", topics=SYNC_TOPICS) as b,
     ):
         for broker, fill in ((a, b"a"), (b, b"b")):
             with Producer(f"meta://127.0.0.1:{broker.port}") as p:
@@ -76,51 +51,6 @@ def test_verify_finds_replicas_that_differ(tmp_path: Path) -> None:
     bad = pymetaq("verify", "--master", "nonsense", "--slave", "127.0.0.1:1")
     assert bad.returncode == 2 and bad.stderr.startswith("pymetaq verify: bad address")
     assert "Traceback" not in bad.stderr
-
-
-def records(broker: BrokerProcess, partition: int) -> list[tuple[int, int, bytes]]:
-    """(offset, msgId, payload) of every record of ``orders-<partition>``."""
-    out: list[tuple[int, int, bytes]] = []
-    offset = 0
-    with Wire(broker.address) as w:
-        while True:
-            reply = w.call(f"get orders g {partition} {offset} 1048576 1\r\n".encode())
-            if not isinstance(reply, ValueReply):
-                assert isinstance(reply, ResultReply) and reply.code == 404, reply
-                return out
-            recs = list(iter_records(reply.data, offset))
-            assert recs, "a reply without a complete record"
-            for r in recs:
-                out.append((r.offset, r.msg_id, bytes(r.data)))
-            offset = recs[-1].offset + 20 + len(recs[-1].data)
-
-
-class Sender:
-    """Sends numbered messages (one at a time, no retries) and keeps the acknowledged ones."""
-
-    def __init__(self, address: tuple[str, int]) -> None:
-        self.producer = Producer(f"meta://{address[0]}:{address[1]}", retries=0)
-        self.acked: list[tuple[int, int, int, bytes]] = []  # (partition, offset, msgId, value)
-        self.failed = 0
-        self.n = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.n += 1
-            value = b"m%d" % self.n
-            r = self.producer.send("orders", value, partition=self.n % 2, timeout_s=10)
-            if r.success:
-                self.acked.append((r.partition, r.offset, r.msg_id, value))
-            else:
-                self.failed += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-        self.producer.close(5)
 
 
 def test_acks_wait_for_the_slave_and_the_logs_are_identical(tmp_path: Path) -> None:
@@ -166,7 +96,7 @@ def test_acks_wait_for_the_slave_and_the_logs_are_identical(tmp_path: Path) -> N
 def test_slave_killed_puts_fail_and_nothing_acked_is_missing(tmp_path: Path) -> None:
     port = free_port()
     with start_gregor(tmp_path, port) as slave, start_samsa(tmp_path, port) as master:
-        sender = Sender(master.address)
+        sender = Sender(f"meta://127.0.0.1:{master.port}")
         try:
             wait_for(lambda: len(sender.acked) >= 50, 60, "acks before the crash")
             slave.kill()
@@ -195,7 +125,7 @@ def test_master_killed_every_acked_message_is_on_the_slave_once_in_order(tmp_pat
     acked: list[tuple[int, int, int, bytes]] = []
     with start_gregor(tmp_path, port) as slave, start_samsa(tmp_path, port) as master:
         for _round in range(4):
-            sender = Sender(master.address)
+            sender = Sender(f"meta://127.0.0.1:{master.port}")
             start = len(sender.acked)
             wait_for(lambda s=sender, a=start: len(s.acked) >= a + 20, 60, "acks")  # type: ignore[misc]
             threading.Event().wait(rng.uniform(0.0, 0.5))  # a random moment (not a sync point)
@@ -253,7 +183,7 @@ def test_failing_slave_takes_the_master_out_of_zookeeper_until_it_heals(
             BrokerProcess.start(
                 tmp_path,
                 name="samsa",
-                topics=TOPICS,
+                topics=SYNC_TOPICS,
                 zookeeper=zk_keys,
                 extra_args=[f"-Fsamsa={props}"],
             ) as master,

@@ -10,6 +10,7 @@ from pymetaq.client.protocol import (
     MAX_OPAQUE,
     NEED_DATA,
     BatchPutCommand,
+    BatchSyncCommand,
     Event,
     GetCommand,
     HttpStatus,
@@ -129,6 +130,16 @@ SERVER_CASES: list[tuple[bytes, Event, bool]] = [
     (
         b"bput t 2 %d 2 %d 16\r\n" % (len(RECORDS), RECORDS_CRC) + RECORDS,
         BatchPutCommand("t", 2, RECORDS, 2, RECORDS_CRC, 16),
+        True,
+    ),
+    (  # pymetaq extension: a samsa master's stored batch to a pymetaq slave
+        b"bsync t 2 %d 2 %d 18\r\n" % (len(RECORDS), RECORDS_CRC) + RECORDS,
+        BatchSyncCommand("t", 2, RECORDS, 2, RECORDS_CRC, 18),
+        True,
+    ),
+    (
+        b"bsync t 0 %d 2 -1 19\r\n" % len(RECORDS) + RECORDS,
+        BatchSyncCommand("t", 0, RECORDS, 2, None, 19),
         True,
     ),
 ]

@@ -110,6 +110,7 @@ FRAMES: dict[str, bytes] = {
     "admin closed": encode(AdminCommand("closed", (), 9)),
     "txadmin": encode(TxAdminCommand(TxAdminOp.FORGET, format_tx_key(LocalTxKey("s9", 1)), 9)),
     "sync": b"sync orders 0 1 0 5 9\r\nx",
+    "bsync": b"bsync orders 0 1 1 -1 9\r\nx",
 }
 
 
@@ -145,6 +146,7 @@ MATRIX: list[tuple[str | None, str, bytes | None]] = [
     ("ops", "txadmin", None),
     ("alice", "txadmin", _deny("alice", "run admin commands")),
     ("bob", "sync", _deny("bob", "run admin commands")),
+    ("bob", "bsync", _deny("bob", "run admin commands")),
 ]
 
 

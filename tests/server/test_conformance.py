@@ -423,6 +423,10 @@ def test_sync_is_refused_on_a_master(wire: Wire) -> None:
     wire.send(b"sync test 0 1 0 12345 -1 140\r\nx")
     reply = wire.reply()
     assert isinstance(reply, ResultReply) and (reply.code, reply.opaque) == (500, 140)
+    wire.send(b"bsync test 0 21 1 -1 141\r\n" + encode_record(b"x", 0, 12345))  # pymetaq's form
+    reply = wire.reply()
+    assert isinstance(reply, ResultReply) and (reply.code, reply.opaque) == (500, 141)
+    assert reply.body.startswith(b"sync is only accepted by a slave broker")
 
 
 def test_unknown_command_is_400_then_close(wire: Wire) -> None:
