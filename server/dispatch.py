@@ -18,7 +18,9 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 |              | <count>"`` (count = records stored)      | a record CRC or flag, a record's data    |
 |              |                                          | over maxTransferSize - 20: nothing       |
 |              |                                          | stored) or a count that cannot fit the   |
-|              |                                          | body                                     |
+|              |                                          | body; 9 tokens (idempotent): a duplicate |
+|              |                                          | gets the original 200, 409 out of order  |
+|              |                                          | (``server/idempotence.py``)              |
 | get          | ``value <len> <opaque>`` + log slice     | 400 maxSize <= 0; 403 acceptSubscribe=   |
 |              |                                          | false; 404 no such store / no data;      |
 |              |                                          | 301 ``<offset>`` out of range (see       |
@@ -388,7 +390,10 @@ class Dispatcher:
         if target is None:
             return
         plog, tc = target
-        self.appender.batch(conn, plog, tc.stat, body, cmd.opaque)
+        producer = None
+        if cmd.producer_id is not None and cmd.sequence is not None:
+            producer = (cmd.producer_id, cmd.sequence)
+        self.appender.batch(conn, plog, tc.stat, body, cmd.opaque, producer)
 
     # -- get / offset ---------------------------------------------------------------------------
     def on_get(self, conn: Connection, cmd: GetCommand) -> None:
