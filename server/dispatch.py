@@ -93,6 +93,7 @@ from pymetaq.ha.sync import sync_record
 from pymetaq.server.config import TopicConfig
 from pymetaq.server.connection import Connection
 from pymetaq.server.errors import describe_os_error
+from pymetaq.server.filters import Filters
 from pymetaq.server.limits import (
     BodyBudget,
     ConnectionCounts,
@@ -162,6 +163,7 @@ class Dispatcher:
         self.per_ip = ConnectionCounts(system.max_connections_per_ip)
         self.throttled = Throttled(log)
         self.longpoll = LongPoll(self)
+        self.filters = Filters(lambda: broker.config)
         self.guard = Guard(broker.config.security, loop)
         self.partitions = Partitions(broker, self._store_created)
         #: a gregor slave's resolved sync targets (topic, partition) -> (log, topic config)
@@ -454,6 +456,17 @@ class Dispatcher:
             if stat:
                 self.stats.realtime("get", cmd.topic)
             self.monitor.record_sent(cmd.topic, cmd.partition, region.length)
+            gf = self.filters.find(cmd.topic, cmd.group)
+            if gf is not None:  # a filtered group: decode, filter, re-send (server/filters.py)
+                try:
+                    data = region.read_bytes()
+                except OSError as exc:
+                    conn.result(500, self.read_failure(plog, exc), cmd.opaque)
+                    return True
+                finally:
+                    region.close()
+                self.filters.answer(conn, cmd, data, gf)
+                return True
             conn.reply_region(plog, cmd.offset, region, cmd.opaque)
             return True
         if res.status is ReadStatus.OUT_OF_RANGE:
