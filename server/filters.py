@@ -84,25 +84,23 @@ def load_filter(ref: str) -> FilterFn:
     return fn
 
 
-def split_records(data: bytes) -> list[tuple[int, int, int]]:
-    """(start, end, flag) of each complete record at the start of ``data``."""
-    out: list[tuple[int, int, int]] = []
-    pos, n = 0, len(data)
-    while pos + HEADER_SIZE <= n:
-        length, _crc, _id, flag = HEADER.unpack_from(data, pos)
-        end = pos + HEADER_SIZE + length
-        if length < 0 or end > n:
-            break
-        out.append((pos, end, flag))
-        pos = end
-    return out
+def next_record(data: bytes, pos: int) -> tuple[int, int] | None:
+    """(end, flag) of the complete record at ``pos`` of ``data``, None when there is none."""
+    if pos + HEADER_SIZE > len(data):
+        return None
+    length, _crc, _id, flag = HEADER.unpack_from(data, pos)
+    end = pos + HEADER_SIZE + length
+    if length < 0 or end > len(data):
+        return None
+    return end, flag
 
 
 class _Job:
     __slots__ = ("decisions", "stop")
 
     def __init__(self) -> None:
-        self.decisions: list[bool] = []  # appended by the worker, read by the loop
+        #: (start, end, keep) per record, appended by the worker, read by the loop
+        self.decisions: list[tuple[int, int, bool]] = []
         self.stop = False
 
 
@@ -118,17 +116,18 @@ class GroupFilter:
         self.timeouts = 0
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="filter")
 
-    def _decide(self, data: bytes, records: list[tuple[int, int, int]], job: _Job) -> None:
+    def _decide(self, data: bytes, job: _Job) -> None:
         """Decide records in order until the answer is fixed (the first skip after keeps,
-        the first keep after skips)."""
+        the first keep after skips) or the slice ends."""
         fn, decisions = self.fn, job.decisions
-        for start, end, flag in records:
-            if job.stop:
+        pos = 0
+        while not job.stop and (rec := next_record(data, pos)) is not None:
+            end, flag = rec
+            keep = self._one(fn, data, pos, end, flag)
+            decisions.append((pos, end, keep))
+            if keep != decisions[0][2]:
                 return
-            keep = self._one(fn, data, start, end, flag)
-            decisions.append(keep)
-            if len(decisions) > 1 and keep != decisions[0]:
-                return
+            pos = end
 
     def _one(self, fn: FilterFn, data: bytes, start: int, end: int, flag: int) -> bool:
         if flag & FLAG_LZ4_BATCH:
@@ -148,12 +147,12 @@ class GroupFilter:
 
     async def select(self, data: bytes) -> tuple[int, int]:
         """(kept bytes from the start, 0) or (0, skip-to position relative to the slice)."""
-        records = split_records(data)
-        if not records:
+        first = next_record(data, 0)
+        if first is None:
             return len(data), 0
         job = _Job()
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._worker, self._decide, data, records, job)
+        fut = loop.run_in_executor(self._worker, self._decide, data, job)
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
         except TimeoutError:
@@ -165,17 +164,22 @@ class GroupFilter:
                 self.timeout_s * 1000,
             )
         decisions = list(job.decisions)
-        if not fut.done() and len(decisions) < len(records):
-            decisions.append(self.keep_on_error)  # the first undecided message: the policy
-        if decisions[0]:
-            n = 1
-            while n < len(decisions) and decisions[n]:
-                n += 1
-            return records[n - 1][1], 0
-        for i, keep in enumerate(decisions):
+        if not fut.done():  # the first undecided message: the policy
+            pos = decisions[-1][1] if decisions else 0
+            rec = next_record(data, pos)
+            if rec is not None:
+                decisions.append((pos, rec[0], self.keep_on_error))
+        if decisions[0][2]:  # the run of kept messages at the start
+            end = 0
+            for _start, rec_end, keep in decisions:
+                if not keep:
+                    break
+                end = rec_end
+            return end, 0
+        for rec_start, _end, keep in decisions:
             if keep:
-                return 0, records[i][0]
-        return 0, records[len(decisions) - 1][1]
+                return 0, rec_start  # skip to the first kept message
+        return 0, decisions[-1][1]  # every decided message filtered: past them
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
@@ -249,4 +253,4 @@ class Filters:
                 gf.close()
 
 
-__all__ = ["FilterLoadError", "Filters", "GroupFilter", "load_filter", "split_records"]
+__all__ = ["FilterLoadError", "Filters", "GroupFilter", "load_filter", "next_record"]
