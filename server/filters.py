@@ -37,9 +37,11 @@ import asyncio
 import concurrent.futures
 import importlib
 import logging
+import queue
 import re
 import struct
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +97,37 @@ def next_record(data: bytes, pos: int) -> tuple[int, int] | None:
     return end, flag
 
 
+class _Worker:
+    """One daemon thread running submitted calls in order (a ``ThreadPoolExecutor``'s threads
+    are joined at interpreter exit: a filter that never returns would hang the broker's stop)."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[
+            tuple[concurrent.futures.Future[None], Callable[[], None]] | None
+        ] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], None]) -> concurrent.futures.Future[None]:
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._queue.put((fut, fn))
+        return fut
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fut, fn = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fn()
+                fut.set_result(None)
+            except BaseException as exc:  # reported to the awaiting get
+                fut.set_exception(exc)
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+
 class _Job:
     __slots__ = ("decisions", "stop")
 
@@ -114,7 +147,7 @@ class GroupFilter:
         self.timeout_s = timeout_s
         self.errors = 0
         self.timeouts = 0
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="filter")
+        self._worker = _Worker(f"filter-{ref}")
 
     def _decide(self, data: bytes, job: _Job) -> None:
         """Decide records in order until the answer is fixed (the first skip after keeps,
@@ -151,8 +184,7 @@ class GroupFilter:
         if first is None:
             return len(data), 0
         job = _Job()
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._worker, self._decide, data, job)
+        fut = asyncio.wrap_future(self._worker.submit(lambda: self._decide(data, job)))
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
         except TimeoutError:
@@ -182,7 +214,7 @@ class GroupFilter:
         return 0, decisions[-1][1]  # every decided message filtered: past them
 
     def close(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        self._worker.close()
 
 
 class Filters:
