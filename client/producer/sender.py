@@ -10,9 +10,10 @@ reply frees capacity; it takes, per partition queue, the head batches that are d
   **1 with retries enabled** (a retried batch must not overtake or be overtaken) - unless the
   producer is idempotent: then ``min(max_in_flight, 5)``.
 
-**Idempotence** (``idempotence=True``, the default; ``docs/protocol.md``): the first write of a
-batch gives it the partition's next sequence number under the producer's id (a UUID), and every
-retry sends the same pair, so the broker stores it once and answers a duplicate with the
+**Idempotence** (``idempotence=True``, the default; ``docs/protocol.md``): a batch taken from
+the accumulator gets the partition's next sequence number under the producer's id (a UUID) -
+before any connection is made, so a batch that waits for a broker is never overtaken - and
+every retry sends the same pair, so the broker stores it once and answers a duplicate with the
 original result.  Up to 5 batches per partition are in flight (Kafka's rule, the broker's
 window).  Retries go back into the queue in sequence order (``Accumulator.reenqueue``); a batch
 the broker answers ``409 out of order`` (an earlier one was lost on the way and is being
@@ -20,8 +21,9 @@ retried) is retried after it, without counting as an attempt; ``unknown producer
 broker forgot the id, or a batch other than 0 reached it first) with nothing earlier out starts
 the partition over.  A batch that fails for good
 makes its partition start over: a fresh producer id, sequence 0; batches still out under the
-old id are renumbered when their gap is reported.  A numbered batch is never moved to another
-partition.
+old id are renumbered when their gap is reported.  A numbered batch that may be stored (an
+attempt got no answer) is never moved to another partition; one that never reached its broker
+may move (its partition starts over, it is numbered again where it lands).
 
 Adaptive batching (Nagle-like): appends wake the sender only while their broker has nothing in
 flight, so with ``linger_ms=0`` an idle producer sends a message at once, and whatever
@@ -181,6 +183,8 @@ class Sender:
         if self._closing is not None:
             self._finish(b, self._closing)
             return
+        if self._idem and b.seq is None:  # numbered as drained: no later batch can overtake
+            self._assign(b)
         conn = self.brokers.cached_connection(b.tp.broker_id)
         if conn is None:
             task = self.loop.create_task(self._connect_then_send(b))
@@ -350,7 +354,7 @@ class Sender:
         """May ``b`` go to another live partition now (see the module docstring)?"""
         if not self.brokers.reroutes or b.pinned or not err.retriable:
             return False
-        if b.seq is not None:  # numbered for this partition: moving it would leave a gap
+        if b.seq is not None and b.written:  # may be stored under its number: it stays
             return False
         if self._closing is not None or (written and b.attempts > self.cfg.retries):
             return False
@@ -370,6 +374,9 @@ class Sender:
         if others:
             tp = others[self._moves % len(others)]
             self._moves += 1
+            if b.seq is not None:  # its number stays behind: that partition starts over
+                self._release_seq(b, failed=True)
+                b.seq = b.pid = None
             log.debug("moving %r to %s after %s", b, tp, err)
             self.acc.reroute(b, tp)
             self.wake()
