@@ -8,6 +8,7 @@ MetaClientError (retriable: bool, invalid_metadata: bool)
 │   ├── AccessDenied           403       ``identity '<name>' may not ...`` (not retriable)
 │   ├── AuthenticationFailed   401       ``auth`` refused: bad credentials or locked out
 │   ├── NotFound               404       no data / no store at that offset (retriable)
+│   ├── OutOfOrderSequence     409       idempotent batch out of sequence (see the producer)
 │   ├── BrokerInternalError    500       broker-side failure: wrong partition, unknown topic,
 │   │                                    checksum mismatch, I/O error (not retriable)
 │   ├── ServiceBusy            503       broker overloaded (retriable)
@@ -121,6 +122,15 @@ class BrokerInternalError(BrokerError):
 
 class ServiceBusy(BrokerError):
     retriable = True
+
+
+class OutOfOrderSequence(BrokerError):
+    """409: an idempotent batch's sequence is not the next one the broker expects (a gap:
+    nothing stored), or a duplicate older than the broker's memory (stored once, result lost).
+    The producer retries a gap while an earlier batch of the partition is still being retried;
+    otherwise it reports this."""
+
+    retriable = False
 
 
 class BrokerTimeout(BrokerError):
@@ -334,6 +344,7 @@ _BY_CODE: dict[int, type[BrokerError]] = {
     400: BadRequest,
     403: PartitionClosed,
     404: NotFound,
+    409: OutOfOrderSequence,
     500: BrokerInternalError,
     503: ServiceBusy,
     504: BrokerTimeout,

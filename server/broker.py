@@ -384,6 +384,8 @@ class Broker:
         await self.transactions.aclose()
         if self.sync_link is not None:
             await self.sync_link.close()
+        dispatcher.filters.close()
+        dispatcher.appender.idempotence.close()
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         log.info("stopped: storage closed cleanly")
 

@@ -14,8 +14,9 @@ address or a host name that resolves (it is the listen address).
 
 Every MetaQ key is accepted.  Keys that pymetaq reads today are *live*; the others are parsed,
 validated and kept but *inert* until the feature that uses them lands (see ``INERT_KEYS``):
-appClassPath, getProcessThreadCount, putProcessThreadCount, quartzThreadCount,
-loadMessageStoresInParallel and the ``group.<name>`` server-side filters.  The ``[zookeeper]``
+getProcessThreadCount, putProcessThreadCount, quartzThreadCount and
+loadMessageStoresInParallel.  ``appClassPath`` and a topic's ``group.<name>=module:function``
+are live: the server-side filters (:mod:`pymetaq.server.filters`).  The ``[zookeeper]``
 keys are live: with
 ``zk.zkEnable=true`` the broker registers in ZooKeeper (:mod:`pymetaq.server.registry`).
 hostName is used as the listen address (empty = 127.0.0.1 for the standalone broker).
@@ -58,6 +59,10 @@ pymetaq's own ``[system]`` keys (limits; units in the names):
 | maxTxHeldBytes           | 67108864  | bytes of messages all open transactions may hold    |
 | txJournalFileSize        | 67108864  | transaction journal file size (MetaQ's              |
 |                          |           | ``-Dmeta.tx_journal_file_size``)                    |
+| filterErrorPolicy        | skip      | a server-side filter that raises: ``skip`` the      |
+|                          |           | message (MetaQ) or ``keep`` it (also per topic)     |
+| filterTimeoutMs          | 1000      | bound on one get's filtering (also per topic); see  |
+|                          |           | :mod:`pymetaq.server.filters`                       |
 
 Transactions (MetaQ's keys, live): ``dataLogPath`` (the journal goes to
 ``<dataLogPath>/transactions``; default ``dataPath``), ``flushTxLogAtCommit`` (0/1/2),
@@ -136,6 +141,8 @@ SYSTEM_KEYS: dict[str, tuple[str, str, Any]] = {
     "maxTxPerConnection": ("max_tx_per_connection", "int", 256),
     "maxTxHeldBytes": ("max_tx_held_bytes", "int", 64 * 1024 * 1024),
     "txJournalFileSize": ("tx_journal_file_size", "int", 64 * 1024 * 1024),
+    "filterErrorPolicy": ("filter_error_policy", "str", "skip"),
+    "filterTimeoutMs": ("filter_timeout_ms", "int", 1000),
 }
 
 ZK_KEYS: dict[str, tuple[str, str, Any]] = {
@@ -158,11 +165,12 @@ TOPIC_KEYS: tuple[str, ...] = (
     "unflushThreshold",
     "acceptSubscribe",
     "acceptPublish",
+    "filterErrorPolicy",
+    "filterTimeoutMs",
 )
 
 INERT_KEYS: frozenset[str] = frozenset(
     {
-        "appClassPath",
         "getProcessThreadCount",
         "putProcessThreadCount",
         "quartzThreadCount",
@@ -216,6 +224,8 @@ class SystemConfig:
     max_tx_per_connection: int = 256
     max_tx_held_bytes: int = 64 * 1024 * 1024
     tx_journal_file_size: int = 64 * 1024 * 1024
+    filter_error_policy: str = "skip"
+    filter_timeout_ms: int = 1000
 
     @property
     def max_put_size(self) -> int:
@@ -250,6 +260,8 @@ class TopicConfig:
     accept_subscribe: bool = True
     accept_publish: bool = True
     group_filters: tuple[tuple[str, str], ...] = ()
+    filter_error_policy: str = "skip"
+    filter_timeout_ms: int = 1000
     line: int = 0
     pattern: re.Pattern[str] = field(default=re.compile(""), compare=False, repr=False)
 
@@ -397,6 +409,8 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "brokerId": (lambda v: 0 <= v <= 1023, "must be 0..1023 (10 bits of the message id)"),
     "serverPort": (lambda v: 0 <= v <= 65535, "must be 0..65535 (0 = any free port)"),
     "numPartitions": (lambda v: v >= 1, "must be >= 1"),
+    "filterErrorPolicy": (lambda v: v in ("skip", "keep"), "must be skip or keep"),
+    "filterTimeoutMs": (lambda v: 1 <= v <= 60_000, "must be 1..60000 ms"),
     "unflushInterval": (lambda v: v >= 0, "must be >= 0 ms"),
     "maxSegmentSize": (lambda v: v >= 4096, "must be >= 4096 bytes"),
     "maxTransferSize": (lambda v: v >= 1024, "must be >= 1024 bytes"),
@@ -501,7 +515,8 @@ def _topic(section: IniSection, system: SystemConfig, path: str, base: str) -> T
     filters: list[tuple[str, str]] = []
     for entry in section.entries:
         if entry.key.startswith("group."):
-            filters.append((entry.key[len("group.") :], entry.value))
+            # kept as written (a MetaQ file names Java classes); checked when first used
+            filters.append((entry.key[len("group.") :], entry.value.strip()))
             continue
         if entry.key not in TOPIC_KEYS:
             hint = did_you_mean(entry.key, [*TOPIC_KEYS, "group.<group>"])
@@ -527,6 +542,8 @@ def _topic(section: IniSection, system: SystemConfig, path: str, base: str) -> T
         accept_subscribe=values.get("accept_subscribe", system.accept_subscribe),
         accept_publish=values.get("accept_publish", system.accept_publish),
         group_filters=tuple(filters),
+        filter_error_policy=values.get("filter_error_policy", system.filter_error_policy),
+        filter_timeout_ms=values.get("filter_timeout_ms", system.filter_timeout_ms),
         line=section.line,
         pattern=pattern,
     )

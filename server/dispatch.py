@@ -18,7 +18,9 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 |              | <count>"`` (count = records stored)      | a record CRC or flag, a record's data    |
 |              |                                          | over maxTransferSize - 20: nothing       |
 |              |                                          | stored) or a count that cannot fit the   |
-|              |                                          | body                                     |
+|              |                                          | body; 9 tokens (idempotent): a duplicate |
+|              |                                          | gets the original 200, 409 out of order  |
+|              |                                          | (``server/idempotence.py``)              |
 | get          | ``value <len> <opaque>`` + log slice     | 400 maxSize <= 0; 403 acceptSubscribe=   |
 |              |                                          | false; 404 no such store / no data;      |
 |              |                                          | 301 ``<offset>`` out of range (see       |
@@ -92,6 +94,7 @@ from pymetaq.ha.sync import sync_record
 from pymetaq.server.config import TopicConfig
 from pymetaq.server.connection import Connection
 from pymetaq.server.errors import describe_os_error
+from pymetaq.server.filters import Filters
 from pymetaq.server.limits import (
     BodyBudget,
     ConnectionCounts,
@@ -161,6 +164,7 @@ class Dispatcher:
         self.per_ip = ConnectionCounts(system.max_connections_per_ip)
         self.throttled = Throttled(log)
         self.longpoll = LongPoll(self)
+        self.filters = Filters(lambda: broker.config)
         self.guard = Guard(broker.config.security, loop)
         self.partitions = Partitions(broker, self._store_created)
         #: a gregor slave's resolved sync targets (topic, partition) -> (log, topic config)
@@ -385,7 +389,10 @@ class Dispatcher:
         if target is None:
             return
         plog, tc = target
-        self.appender.batch(conn, plog, tc.stat, body, cmd.opaque)
+        producer = None
+        if cmd.producer_id is not None and cmd.sequence is not None:
+            producer = (cmd.producer_id, cmd.sequence)
+        self.appender.batch(conn, plog, tc.stat, body, cmd.opaque, producer)
 
     def _batch_body(
         self, conn: Connection, cmd: BatchPutCommand | BatchSyncCommand
@@ -460,6 +467,17 @@ class Dispatcher:
             if stat:
                 self.stats.realtime("get", cmd.topic)
             self.monitor.record_sent(cmd.topic, cmd.partition, region.length)
+            gf = self.filters.find(cmd.topic, cmd.group)
+            if gf is not None:  # a filtered group: decode, filter, re-send (server/filters.py)
+                try:
+                    data = region.read_bytes()
+                except OSError as exc:
+                    conn.result(500, self.read_failure(plog, exc), cmd.opaque)
+                    return True
+                finally:
+                    region.close()
+                self.filters.answer(conn, cmd, data, gf)
+                return True
             conn.reply_region(plog, cmd.offset, region, cmd.opaque)
             return True
         if res.status is ReadStatus.OUT_OF_RANGE:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pymetaq.server.connection import result_frame
 from pymetaq.server.errors import describe_os_error
+from pymetaq.server.idempotence import IdemBatch, Idempotence, SequenceConflict
 from pymetaq.server.stats import Stats
 from pymetaq.storage import AppendResult, InvalidRecords, PartitionLog, StorageError
 from pymetaq.storage.record import HEADER, HEADER_SIZE
@@ -80,6 +81,7 @@ class BatchWaiter(NamedTuple):
     conn: Connection
     opaque: int
     msg_id: int = 0  # a bsync's first record's id (the master's); 0: the id storage stamped
+    idem: IdemBatch | None = None  # an idempotent bput (its producer's memory)
 
 
 Waiters = list[PutWaiter] | list[SyncWaiter] | BatchWaiter
@@ -134,6 +136,8 @@ class Appender:
         self.replicator: Any = None
         #: a gregor slave's ``sync`` records waiting for this iteration's append, per log
         self._synced: dict[int, tuple[PartitionLog, bool, bytearray, list[SyncWaiter]]] = {}
+        #: idempotent producers' memory per partition (``bput`` with a producer id)
+        self.idempotence = Idempotence()
 
     # -- intake -------------------------------------------------------------------------------
     def put(
@@ -163,12 +167,45 @@ class Appender:
             self.loop.call_soon(self.flush_all)
 
     def batch(
-        self, conn: Connection, plog: PartitionLog, stat: bool, body: bytearray, opaque: int
+        self,
+        conn: Connection,
+        plog: PartitionLog,
+        stat: bool,
+        body: bytearray,
+        opaque: int,
+        producer: tuple[str, int] | None = None,
     ) -> None:
-        """Append a validated ``bput`` body as one unit."""
+        """Append a validated ``bput`` body as one unit; ``producer`` = (id, sequence) of an
+        idempotent one (see :mod:`pymetaq.server.idempotence`)."""
         self.flush_log(plog)
         conn.request_started()
-        self._append(plog, stat, body, BatchWaiter(conn, opaque))
+        if producer is None:
+            self._append(plog, stat, body, BatchWaiter(conn, opaque))
+            return
+        pid, seq = producer
+        try:
+            producers = self.idempotence.producers(plog)
+            dup = producers.check(pid, seq)
+        except SequenceConflict as exc:
+            self.stats.counters["put_conflict"] += 1
+            self._fail(BatchWaiter(conn, opaque), 409, str(exc))
+            return
+        except OSError as exc:  # producers.idem could not be read
+            reason = describe_os_error(exc)
+            log.error("%s: producers file: %s", plog.name, reason)
+            self._fail(BatchWaiter(conn, opaque), 500, f"Put message failed: {reason}")
+            return
+        if dup is None:
+            self._append(
+                plog, stat, body, BatchWaiter(conn, opaque, idem=IdemBatch(producers, pid, seq))
+            )
+            return
+        self.stats.counters["put_duplicate"] += 1
+        if dup.waiters is not None:  # the original is not durable yet: answer with it
+            dup.waiters.append((conn, opaque))
+            return
+        conn.request_done()
+        conn.reply(result_frame(200, dup.body(plog.partition), opaque))
 
     def synced(
         self,
@@ -236,7 +273,14 @@ class Appender:
             self._fail(waiters, 500, refused)  # MetaQ: nothing written while the slave is away
             return
 
+        idem = waiters.idem if isinstance(waiters, BatchWaiter) else None
+
         def on_durable(result: AppendResult, exc: BaseException | None) -> None:
+            if idem is not None and exc is None:
+                try:
+                    idem.sync_file()  # the batch's producers.idem entry is durable too
+                except OSError as e:
+                    exc = e
             done.append(Completion(plog, stat, waiters, result, exc))
             wake()
 
@@ -252,6 +296,7 @@ class Appender:
                 on_durable=both.local if both is not None else on_durable,
                 max_record_size=self.max_record_size if stamp_ids else None,
                 defer_flush=inline,
+                before_write=idem.before_write(len(records)) if idem is not None else None,
             )
             if both is not None and link is not None:  # stamped: send these very records
                 link.replicate(plog.topic, plog.partition, records).add_done_callback(both.remote)
@@ -298,12 +343,18 @@ class Appender:
             return False
 
     def _fail(self, waiters: Waiters, code: int, reason: str) -> None:
-        answered = [waiters] if isinstance(waiters, BatchWaiter) else waiters
+        answered: list[tuple[Connection, int]]
+        if isinstance(waiters, BatchWaiter):
+            answered = [(waiters.conn, waiters.opaque)]
+            if waiters.idem is not None:  # duplicates waiting for it: the same answer
+                answered += waiters.idem.failed()
+        else:
+            answered = [(w.conn, w.opaque) for w in waiters]
         self.stats.counters["put_failed"] += len(answered)
         body = reason.encode("utf-8", "replace")
-        for waiter in answered:
-            waiter.conn.request_done()
-            waiter.conn.reply(result_frame(code, body, waiter.opaque))
+        for conn, opaque in answered:
+            conn.request_done()
+            conn.reply(result_frame(code, body, opaque))
 
     def _wake(self) -> None:
         if self._wake_pending:
@@ -347,11 +398,16 @@ class Appender:
             self.stats.realtime("message_size", plog.topic, result.length, result.count)
         partition = plog.partition
         if isinstance(waiters, BatchWaiter):
-            conn, opaque, first = waiters
+            conn, opaque, first, idem = waiters
             first = first or result.first_msg_id
             body = b"%d %d %d %d" % (first, partition, result.offset, result.count)
             conn.request_done()
             conn.reply(result_frame(200, body, opaque))
+            if idem is not None:
+                for dup_conn, dup_opaque in idem.acknowledged():
+                    dup_conn.request_done()
+                    dup_conn.reply(result_frame(200, body, dup_opaque))
+                    dup_conn.flush_replies()
             return
         offset = result.offset
         if waiters and isinstance(waiters[0], SyncWaiter):

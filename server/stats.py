@@ -79,6 +79,8 @@ COUNTERS = (
     "tx_rollback",
     "get_miss",
     "put_failed",
+    "put_duplicate",
+    "put_conflict",
     "total_messages",
 )
 

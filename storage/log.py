@@ -175,6 +175,7 @@ class PartitionLog:
         max_record_size: int | None = None,
         defer_flush: bool = False,
         new_segment: bool = False,
+        before_write: Callable[[int, int, int], None] | None = None,
     ) -> AppendResult:
         """Validate, stamp and write one batch of complete records (see the module doc).
 
@@ -186,6 +187,10 @@ class PartitionLog:
         :meth:`request_flush` soon (the broker batches one loop iteration's appends so).
         ``new_segment=True``: the batch starts a new segment (unless the active one is still
         empty) - a replica rolls exactly where its master did, so their files are identical.
+        ``before_write(offset, first_id, count)`` runs under the log's lock once the batch is
+        stamped and placed, before its bytes are written (the idempotent producers' file,
+        :mod:`pymetaq.storage.producers`, records the batch there); if it raises, nothing is
+        written and the exception propagates.
         """
         n = len(records)
         with self._lock:
@@ -202,6 +207,8 @@ class PartitionLog:
             if seg.written + n > seg.capacity or (new_segment and seg.written):
                 seg = self._roll(n)
             offset = seg.start + seg.written
+            if before_write is not None:
+                before_write(offset, first_id, count)
             try:
                 seg.file.write_at(seg.written, records)
             except StorageError:  # DiskFull: space is reserved before anything is stored

@@ -337,9 +337,17 @@ class Accumulator:
         return out, next_due
 
     def reenqueue(self, b: Batch) -> None:
-        """A batch to send again (a retry): back at the head of its queue; its slot is freed."""
+        """A batch to send again (a retry): back at the head of its queue (behind retries with
+        an earlier sequence); its slot is freed."""
         with self._lock:
-            self._queues.setdefault(b.tp, deque()).appendleft(b)
+            q = self._queues.setdefault(b.tp, deque())
+            if b.seq is None:
+                q.appendleft(b)
+            else:  # idempotent: retries go out in the order their sequences were given
+                i = 0
+                while i < len(q) and q[i].seq is not None and q[i].seq_order < b.seq_order:
+                    i += 1
+                q.insert(i, b)
             self._release_slot(b.tp)
 
     def reroute(self, b: Batch, tp: TopicPartition) -> None:

@@ -62,8 +62,11 @@ class Batch:
         "offset",
         "open",
         "parts",
+        "pid",
         "pinned",
         "sent_at",
+        "seq",
+        "seq_order",
         "tp",
         "written",
     )
@@ -89,6 +92,12 @@ class Batch:
         #: holds a message whose partition was chosen by key, explicitly or by a custom
         #: partitioner: it is never moved to another partition
         self.pinned = False
+        #: idempotence: the producer id and sequence given at the first write (kept by every
+        #: retry), and the order in which its partition's sequences were given (retries go out
+        #: in that order)
+        self.pid: str | None = None
+        self.seq: int | None = None
+        self.seq_order = 0
         self.callbacks: list[Callable[[], object]] | None = []  # None once completed
 
     def add_callback(self, fn: Callable[[], object]) -> None:

@@ -46,6 +46,10 @@ class ProducerConfig:
     key_in_attribute: bool = True
     #: ``zk://`` servers: the ZooKeeper session timeout asked for (MetaQ's zkSessionTimeoutMs)
     zk_session_timeout_ms: float = 30000.0
+    #: each batch carries this producer's id and a per-partition sequence number, so a retried
+    #: batch is stored once (the broker answers a duplicate with the original result) and up
+    #: to 5 batches per partition may be in flight with retries on; False: the plain ``bput``
+    idempotence: bool = True
 
     def __post_init__(self) -> None:
         if self.compression not in (None, "lz4"):
@@ -79,6 +83,7 @@ KAFKA_NAMES = {
     "max_request_size": "use max_message_bytes",
     "buffer_memory": "use buffer_bytes",
     "max_in_flight_requests_per_connection": "use max_in_flight",
+    "enable_idempotence": "use idempotence (on by default)",
 }
 
 

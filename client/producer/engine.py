@@ -93,6 +93,7 @@ class ProducerEngine:
             cfg.compression,
             cfg.body_checksum,
             cfg.delivery_timeout_s,
+            cfg.idempotence,
         )
         self.sender = Sender(sender_cfg, self.brokers, loop)
         self.acc = Accumulator(

@@ -13,6 +13,7 @@ Thread-safety: pure functions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from pymetaq.client.protocol.model import (
     INT32_MIN,
     INT64_MAX,
     INT64_MIN,
+    PRODUCER_ID_RE,
     AdminCommand,
     AuthCommand,
     BatchPutCommand,
@@ -45,6 +47,7 @@ from pymetaq.client.protocol.model import (
 from pymetaq.client.protocol.txkey import parse_tx_key
 
 Body = bytes | bytearray | memoryview
+_PRODUCER_ID = re.compile(PRODUCER_ID_RE)
 _FORBIDDEN = (" ", "\r", "\n")
 
 
@@ -116,16 +119,32 @@ def _put(cmd: PutCommand) -> tuple[bytes, Body]:
 
 def _batch(verb: str, cmd: BatchPutCommand | BatchSyncCommand) -> tuple[bytes, Body]:
     body = _body(cmd.body, "batch body")
-    line = _line(
+    head = [
         verb,
         _s(cmd.topic, "topic"),
         _i32(cmd.partition, "partition"),
         _len(body),
         _i32(cmd.count, "count"),
         _checksum(cmd.checksum),
-        _i32(cmd.opaque, "opaque"),
-    )
-    return line, body
+    ]
+    if isinstance(cmd, BatchPutCommand):
+        head += _idempotence(cmd)
+    head.append(_i32(cmd.opaque, "opaque"))
+    return _line(*head), body
+
+
+def _idempotence(cmd: BatchPutCommand) -> list[str]:
+    """The 9-token bput's ``<producerId> <sequence>`` (none for the 7-token form)."""
+    if (cmd.producer_id is None) != (cmd.sequence is None):
+        raise LocalProtocolError("producer_id and sequence go together (both or neither)")
+    if cmd.producer_id is None:
+        return []
+    if not isinstance(cmd.producer_id, str) or not _PRODUCER_ID.fullmatch(cmd.producer_id):
+        raise LocalProtocolError(f"producer_id {cmd.producer_id!r} is not 32 lowercase hex digits")
+    seq = _i32(cmd.sequence, "sequence")
+    if int(seq) < 0:
+        raise LocalProtocolError(f"sequence {seq} is negative")
+    return [cmd.producer_id, seq]
 
 
 def _bput(cmd: BatchPutCommand) -> tuple[bytes, Body]:

@@ -23,6 +23,8 @@ INT64_MAX: Final = (1 << 63) - 1
 
 #: MetaQ's default ``maxTransferSize`` (server.ini): the most a ``get`` reply carries.
 DEFAULT_MAX_TRANSFER_SIZE: Final = 1 << 20
+#: an idempotent producer's id on the wire: a UUID as 32 lowercase hex digits
+PRODUCER_ID_RE: Final = r"[0-9a-f]{32}"
 #: Room above a transfer size for a put body's own slack (attribute, header) - see Limits.
 BODY_SLACK: Final = 4096
 
@@ -127,10 +129,14 @@ class PutCommand:
 
 @dataclass(frozen=True, slots=True)
 class BatchPutCommand:
-    """pymetaq ``bput <topic> <partition> <len> <count> <checksum> <opaque>\\r\\n<body>``.
+    """pymetaq ``bput <topic> <partition> <len> <count> <checksum> [<producerId> <sequence>]
+    <opaque>\\r\\n<body>``.
 
     ``body`` = ``count`` complete records (ids 0); ``checksum`` = CRC32(body) & 0x7FFFFFFF or
     ``None`` (``-1``).  The parser hands out a fresh ``bytearray`` (one copy off the wire).
+    The 9-token idempotent form adds ``producer_id`` (32 lowercase hex digits, a UUID) and
+    ``sequence`` (the batch's number for this producer and partition, 0 .. INT32_MAX, then 0
+    again); both are ``None`` in the 7-token form.
     """
 
     topic: str
@@ -139,6 +145,8 @@ class BatchPutCommand:
     count: int
     checksum: int | None = None
     opaque: int = 0
+    producer_id: str | None = None
+    sequence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ followed by a body when the verb carries a length token:
 |----------|--------|----------|--------------|------------------------|
 | put      | server | 6, 7, 8  | 3            | ``Limits.max_body``    |
 | sync     | server | 7, 8     | 3            | ``Limits.max_body``    |
-| bput     | server | 7        | 3            | ``Limits.max_batch_body`` |
+| bput     | server | 7, 9     | 3            | ``Limits.max_batch_body`` |
 | bsync    | server | 7        | 3            | ``Limits.max_batch_body`` |
 | get      | server | 7, 8     | -            |                        |
 | offset   | server | 6        | -            |                        |
@@ -58,6 +58,7 @@ from pymetaq.client.protocol.model import (
     INT64_MAX,
     INT64_MIN,
     MAX_OPAQUE,
+    PRODUCER_ID_RE,
     AdminCommand,
     AuthCommand,
     BatchPutCommand,
@@ -97,6 +98,7 @@ _LF = b"\n"
 _UINT = re.compile(rb"\+?[0-9]{1,10}")
 _NUMERIC_START = frozenset(b"-0123456789")
 _SIGNS = (b"-", b"+")
+_PRODUCER_ID = re.compile(PRODUCER_ID_RE.encode("ascii"))
 #: compact the buffer once this many consumed bytes sit in front of the read position
 _COMPACT_AT = 1 << 16
 #: a body at least this long that is still arriving is collected as a list of the received
@@ -185,16 +187,24 @@ def _put(t: Tokens, body: Body) -> PutCommand:
 
 
 def _bput(t: Tokens, body: Body) -> BatchPutCommand:
-    _need(t, 7)
+    _need(t, 7, 9)
     assert isinstance(body, bytearray)
     count = _int(t[4], "count", 0)
+    producer_id: str | None = None
+    sequence: int | None = None
+    if len(t) == 9:
+        if not _PRODUCER_ID.fullmatch(t[6]):
+            raise _Bad("invalid producer id (32 lowercase hex digits)")
+        producer_id, sequence = t[6].decode("ascii"), _int(t[7], "sequence", 0)
     return BatchPutCommand(
         _str(t[1], "topic"),
         _int(t[2], "partition"),
         body,
         count,
         _checksum(t[5]),
-        _int(t[6], "opaque"),
+        _int(t[-1], "opaque"),
+        producer_id,
+        sequence,
     )
 
 

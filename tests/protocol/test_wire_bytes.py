@@ -14,6 +14,7 @@ from pymetaq.client.protocol import (
     Event,
     GetCommand,
     HttpStatus,
+    LocalProtocolError,
     OffsetCommand,
     Parser,
     ProtocolError,
@@ -140,6 +141,11 @@ SERVER_CASES: list[tuple[bytes, Event, bool]] = [
     (
         b"bsync t 0 %d 2 -1 19\r\n" % len(RECORDS) + RECORDS,
         BatchSyncCommand("t", 0, RECORDS, 2, None, 19),
+        True,
+    ),
+    (  # the idempotent form: producer id and sequence before the opaque
+        b"bput t 2 %d 2 -1 %s 7 17\r\n" % (len(RECORDS), b"ab" * 16) + RECORDS,
+        BatchPutCommand("t", 2, RECORDS, 2, None, 17, "ab" * 16, 7),
         True,
     ),
 ]
@@ -277,3 +283,21 @@ def test_trailing_spaces_are_dropped_as_java_split_does() -> None:
     assert parser.next_event() == PutCommand("t", 0, b"hello", 0, None, None, 1, PutForm.LEGACY)
     assert parser.next_event() == StatsCommand("", MAX_OPAQUE)
     assert parser.next_event() == GetCommand("t", "g", 0, 0, 1024, 2)
+
+
+@pytest.mark.parametrize(
+    ("producer_id", "sequence", "why"),
+    [
+        ("ab" * 16, None, "go together"),
+        (None, 3, "go together"),
+        ("AB" * 16, 0, "32 lowercase hex"),
+        ("ab" * 15, 0, "32 lowercase hex"),
+        ("ab" * 16, -1, "negative"),
+    ],
+)
+def test_idempotent_bput_fields_are_checked_before_encoding(
+    producer_id: str | None, sequence: int | None, why: str
+) -> None:
+    cmd = BatchPutCommand("t", 0, RECORDS, 2, None, 1, producer_id, sequence)
+    with pytest.raises(LocalProtocolError, match=why):
+        encode(cmd)

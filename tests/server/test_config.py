@@ -104,7 +104,7 @@ def test_every_metaq_key_is_accepted(tmp_path: Path) -> None:
     assert t.data_path == str(tmp_path / "t")
     assert t.group_filters == (("g1", "com.example.Filter"),)
     assert cfg.system.data_log_path == str(tmp_path / "l")
-    assert len(metaq) + 14 == len(SYSTEM_KEYS) and len(zk) == len(ZK_KEYS)  # + pymetaq extensions
+    assert len(metaq) + 16 == len(SYSTEM_KEYS) and len(zk) == len(ZK_KEYS)  # + pymetaq extensions
 
 
 def test_topic_keys_inherit_system_and_patterns_match_after_exact_names(tmp_path: Path) -> None:

@@ -307,6 +307,8 @@ GENERAL_KEYS = [
     "tx_rollback",
     "get_miss",
     "put_failed",
+    "put_duplicate",
+    "put_conflict",
     "total_messages",
     "topics",
     "config_checksum",

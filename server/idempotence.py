@@ -1,0 +1,261 @@
+"""Idempotent batch puts: the broker's memory of each producer's last batches per partition.
+
+A ``bput`` in its 9-token form names a producer (``producer_id``) and numbers the batch
+(``sequence``, per producer and partition, see ``docs/protocol.md``).  Per partition log a
+:class:`PartitionProducers` keeps, for each producer, its last :data:`WINDOW` batches and
+decides what a new ``bput`` is:
+
+* **next** (``sequence`` = last + 1; 0 from a producer it does not know - or, when every
+  remembered batch of the producer was lost in a crash, the first lost one): append it; the log's ``before_write`` hook records the batch (:meth:`IdemBatch.before_write`) in
+  memory - *pending* until storage reports it durable - and in ``producers.idem``;
+* **duplicate** (a sequence among the remembered batches): answer with the original batch's
+  result - at once if it is durable, else when it becomes durable (or fails);
+* **older** than the window: ``409 duplicate sequence ...`` (it was stored, its result is
+  gone - only a producer with more than :data:`WINDOW` batches in flight can see this);
+* **a gap** (a sequence after last + 1): ``409 out of order sequence ...``; nothing stored
+  (``... unknown producer, expected 0`` for a producer it does not know).
+
+After a restart the memory is rebuilt from ``producers.idem`` (:mod:`pymetaq.storage.producers`),
+each producer's batches checked against the log (:func:`~pymetaq.storage.producers.batch_intact`)
+the first time that producer is seen again.  At most :data:`MAX_PRODUCERS` producers are
+remembered per partition (least recently used forgotten first: a forgotten producer's next
+batch gets ``unknown producer`` and the client starts the partition over under a new id); the file is rewritten when it holds more
+than :data:`COMPACT_BYTES` and four times the live entries.
+
+Thread-safety: loop thread only, except :meth:`IdemBatch.sync_file` (the flusher thread).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pymetaq.client.protocol.model import INT32_MAX
+from pymetaq.storage import PartitionLog
+from pymetaq.storage.producers import ENTRY_SIZE, ProducerEntry, ProducerFile, batch_intact
+
+if TYPE_CHECKING:
+    from pymetaq.server.connection import Connection
+
+log = logging.getLogger("pymetaq.server")
+
+#: batches remembered per producer and partition (a producer may have this many in flight)
+WINDOW = 5
+#: producers remembered per partition (least recently used forgotten first)
+MAX_PRODUCERS = 1000
+#: ``producers.idem`` is compacted once it is larger than this (and 4x its live entries)
+COMPACT_BYTES = 1 << 20
+
+
+class SequenceConflict(Exception):
+    """A ``bput`` whose sequence is not the next one: 409 with this text."""
+
+
+def next_sequence(seq: int) -> int:
+    return 0 if seq >= INT32_MAX else seq + 1
+
+
+class Stored:
+    """One remembered batch: its place in the log and, while it is not durable yet, the
+    duplicates waiting for its result."""
+
+    __slots__ = ("entry", "waiters")
+
+    def __init__(self, entry: ProducerEntry, pending: bool) -> None:
+        self.entry = entry
+        self.waiters: list[tuple[Connection, int]] | None = [] if pending else None
+
+    def body(self, partition: int) -> bytes:
+        e = self.entry
+        return b"%d %d %d %d" % (e.first_id, partition, e.offset, e.count)
+
+
+class PartitionProducers:
+    """The producers of one partition log (see the module docstring)."""
+
+    def __init__(self, plog: PartitionLog) -> None:
+        self.plog = plog
+        self.file = ProducerFile(plog.directory)
+        self._producers: collections.OrderedDict[str, collections.deque[Stored]] = (
+            collections.OrderedDict()
+        )
+        #: entries loaded from the file, checked against the log on the producer's next bput
+        self._unchecked: dict[str, list[ProducerEntry]] = {}
+        #: producers whose every remembered batch was lost in a crash: the sequence expected
+        self._lost_next: dict[str, int] = {}
+        for entry in self.file.load():
+            self._unchecked.setdefault(entry.producer_id, []).append(entry)
+        for entries in self._unchecked.values():
+            del entries[:-WINDOW]
+        while len(self._unchecked) > MAX_PRODUCERS:
+            del self._unchecked[next(iter(self._unchecked))]
+
+    def _batches(self, pid: str) -> collections.deque[Stored] | None:
+        batches = self._producers.get(pid)
+        if batches is not None:
+            self._producers.move_to_end(pid)
+            return batches
+        loaded = self._unchecked.pop(pid, None)
+        if not loaded:
+            return None
+        kept: list[Stored] = []
+        lost: ProducerEntry | None = None
+        for entry in loaded:
+            if not batch_intact(self.plog, entry):
+                log.warning(
+                    "%s: producer %s batch %d (offset %d) did not survive; forgotten",
+                    self.plog.name,
+                    pid,
+                    entry.sequence,
+                    entry.offset,
+                )
+                lost = entry
+                break  # a lost batch: the ones after it were lost too
+            kept.append(Stored(entry, pending=False))
+        if not kept:
+            if lost is not None:  # its retry must come first
+                self._lost_next[pid] = lost.sequence
+                while len(self._lost_next) > MAX_PRODUCERS:
+                    del self._lost_next[next(iter(self._lost_next))]
+            return None
+        batches = collections.deque(kept, maxlen=WINDOW)
+        self._remember(pid, batches)
+        return batches
+
+    def _remember(self, pid: str, batches: collections.deque[Stored]) -> None:
+        self._producers[pid] = batches
+        while len(self._producers) + len(self._unchecked) > MAX_PRODUCERS:
+            if self._unchecked:
+                del self._unchecked[next(iter(self._unchecked))]
+            else:
+                self._producers.popitem(last=False)
+
+    def check(self, pid: str, seq: int) -> Stored | None:
+        """The remembered batch ``seq`` is a duplicate of, or None when it is the next one;
+        raises :class:`SequenceConflict` for a gap or a duplicate older than the window."""
+        batches = self._batches(pid)
+        if not batches:
+            expected = self._lost_next.get(pid)
+            if seq == (expected or 0):
+                return None
+            if expected is None:
+                raise SequenceConflict(
+                    f"out of order sequence {seq} of producer {pid}: unknown producer, expected 0"
+                )
+            raise SequenceConflict(
+                f"out of order sequence {seq} of producer {pid}: expected {expected}"
+            )
+        last = batches[-1].entry.sequence
+        if seq == next_sequence(last):
+            return None
+        for stored in batches:
+            if stored.entry.sequence == seq:
+                return stored
+        behind = (last - seq) % (INT32_MAX + 1)
+        if behind < (INT32_MAX + 1) // 2:
+            raise SequenceConflict(
+                f"duplicate sequence {seq} of producer {pid}: stored before the last "
+                f"{WINDOW} batches (last {last}), its result is no longer known"
+            )
+        raise SequenceConflict(
+            f"out of order sequence {seq} of producer {pid}: expected {next_sequence(last)}"
+        )
+
+    def record(self, pid: str, seq: int, offset: int, first_id: int, count: int, n: int) -> Stored:
+        """A next batch was stamped and placed (the log's ``before_write``): file and memory."""
+        entry = ProducerEntry(pid, seq, count, first_id, offset, n)
+        self.file.append(entry)
+        self._lost_next.pop(pid, None)
+        stored = Stored(entry, pending=True)
+        batches = self._producers.get(pid)
+        if batches is None:
+            self._remember(pid, collections.deque([stored], maxlen=WINDOW))
+        else:
+            batches.append(stored)
+        return stored
+
+    def forget(self, pid: str, stored: Stored) -> None:
+        """A recorded batch failed (nothing acknowledged): drop it and every later one."""
+        batches = self._producers.get(pid)
+        if batches is None or stored not in batches:
+            return
+        while batches and batches[-1] is not stored:
+            batches.pop()
+        batches.pop()
+
+    def maybe_compact(self) -> None:
+        live = sum(len(b) for b in self._producers.values())
+        live += sum(len(e) for e in self._unchecked.values())
+        if self.file.size <= COMPACT_BYTES or self.file.size <= 4 * live * ENTRY_SIZE:
+            return
+        entries = [s.entry for b in self._producers.values() for s in b]
+        entries += [e for es in self._unchecked.values() for e in es]
+        try:
+            self.file.rewrite(entries)
+        except OSError as exc:  # the old file is intact: keep appending to it
+            log.warning("%s: compacting %s failed: %s", self.plog.name, self.file.path, exc)
+
+
+class IdemBatch:
+    """One next batch on its way to storage: the hooks the append path calls."""
+
+    __slots__ = ("pid", "producers", "seq", "stored")
+
+    def __init__(self, producers: PartitionProducers, pid: str, seq: int) -> None:
+        self.producers = producers
+        self.pid = pid
+        self.seq = seq
+        self.stored: Stored | None = None
+
+    def before_write(self, n: int) -> Callable[[int, int, int], None]:
+        def hook(offset: int, first_id: int, count: int) -> None:
+            self.stored = self.producers.record(self.pid, self.seq, offset, first_id, count, n)
+
+        return hook
+
+    def sync_file(self) -> None:
+        """Before the batch is acknowledged (group commit): its entry is durable too."""
+        if self.producers.plog.group_commit:
+            self.producers.file.sync()
+
+    def acknowledged(self) -> list[tuple[Connection, int]]:
+        """The batch is durable and answered: the duplicates that waited for its result."""
+        stored = self.stored
+        if stored is None:
+            return []
+        waiters, stored.waiters = stored.waiters or [], None
+        self.producers.maybe_compact()
+        return waiters
+
+    def failed(self) -> list[tuple[Connection, int]]:
+        """The batch failed: forget it (a retry is the next batch again); the duplicates that
+        waited get the same failure."""
+        stored = self.stored
+        if stored is None:
+            return []
+        waiters, stored.waiters = stored.waiters or [], None
+        self.producers.forget(self.pid, stored)
+        return waiters
+
+
+class Idempotence:
+    """Every partition's producers (created on a partition's first idempotent ``bput``)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple[str, int], PartitionProducers] = {}
+
+    def producers(self, plog: PartitionLog) -> PartitionProducers:
+        key = (plog.topic, plog.partition)
+        found = self._parts.get(key)
+        if found is None or found.plog is not plog:  # a new log (the partition was reopened)
+            if found is not None:
+                found.file.close()
+            found = self._parts[key] = PartitionProducers(plog)
+        return found
+
+    def close(self) -> None:
+        for parts in self._parts.values():
+            parts.file.close()
+        self._parts.clear()
