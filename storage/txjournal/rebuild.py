@@ -174,15 +174,25 @@ def _find_first(plog: Any, start: int, first: bytes) -> int | None:
     return None
 
 
+def locate(plog: Any, records: list[bytes], lower_bound: int, applied_at: int | None) -> int | None:
+    """Where ``records[0]`` sits in ``plog`` (the recorded position first), or None."""
+    if applied_at is not None and _match_at(plog, applied_at, records) > 0:
+        return applied_at
+    found: int | None = _find_first(plog, max(lower_bound, plog.min_offset), records[0])
+    return found
+
+
+def torn(plog: Any, records: list[bytes], lower_bound: int, applied_at: int | None) -> bool:
+    """Only a first part of ``records`` is in ``plog``: a crash cut its range."""
+    pos = locate(plog, records, lower_bound, applied_at)
+    return pos is not None and 0 < _match_at(plog, pos, records) < len(records)
+
+
 def ensure_applied(
     plog: Any, records: list[bytes], lower_bound: int, applied_at: int | None
 ) -> Applied1:
     """Make ``records`` present in ``plog`` exactly once (see the module docstring)."""
-    pos: int | None = None
-    if applied_at is not None and _match_at(plog, applied_at, records) > 0:
-        pos = applied_at
-    if pos is None:
-        pos = _find_first(plog, max(lower_bound, plog.min_offset), records[0])
+    pos = locate(plog, records, lower_bound, applied_at)
     if pos is None:
         if (
             min(lower_bound, applied_at if applied_at is not None else lower_bound)

@@ -37,6 +37,7 @@ from pymetaq.storage.txjournal.rebuild import (
     Recovered,
     append_records,
     ensure_applied,
+    torn,
 )
 
 if TYPE_CHECKING:
@@ -88,7 +89,11 @@ def recover(store: TxStore) -> TxRecovery:
     store.set_next_tid(max(rb.max_tid + 1, cp.next_tid if cp else 1))
     out.orphan_records = rb.orphans
     committed = [tx for tx in rb.txs.values() if tx.intent is not None]
-    committed.sort(key=lambda tx: tx.intent_pos or tx.first)
+    # journal order, except that a range a crash tore is completed first: its missing records
+    # belong right after its present ones, before anything recovery appends for the others
+    # (two commits may reach a partition in the other order than their intents reached the
+    # journal)
+    committed.sort(key=lambda tx: (not _torn(store, tx), tx.intent_pos or tx.first))
     for rtx in committed:
         _apply(store, rtx, out)
     max_id = 0
@@ -152,6 +157,23 @@ def _commit_now(store: TxStore, rtx: Recovered) -> None:
     offsets = [(i.topic, i.partition, append_records(plog, recs)) for plog, recs, i in plan]
     store.journal.append(encode(Applied(rtx.tid, tuple(offsets))))
     log.warning("carried out the heuristic commit of %s", rtx.key)
+
+
+def _torn(store: TxStore, rtx: Recovered) -> bool:
+    """Some partition holds only a first part of ``rtx``'s records (see :func:`torn`)."""
+    assert rtx.intent is not None
+    for part in rtx.intent.parts:
+        key = (part.topic, part.partition)
+        recs = rtx.parts.get(key)
+        if not recs:
+            continue
+        try:
+            plog = store.resolve_log(part.topic, part.partition)
+        except StorageError:
+            continue  # _apply says why
+        if torn(plog, recs, part.lower_bound, rtx.applied.get(key)):
+            return True
+    return False
 
 
 def _resolve(store: TxStore, rtx: Recovered, topic: str, partition: int, count: int) -> Any:

@@ -228,3 +228,25 @@ def test_an_interrupted_heuristic_decision_is_carried_out_at_restart(tmp_path: P
     assert [r.data for r in read_records(env.log("t", 0))] == [b"aa"]
     assert {k: h.outcome for k, h in env.store.heuristics.items()} == branches
     close(env)
+
+
+def test_a_torn_range_is_completed_before_later_journaled_commits_are_appended(
+    tmp_path: Path,
+) -> None:
+    """Two commits reached the partition in the other order than their intents reached the
+    journal, and a power loss cut the first one's range: recovery completes that range in place
+    before it appends the other transaction (seen once in test_power_loss's threshold loop)."""
+    env = open_env(str(tmp_path))
+    a = env.store.begin("TX:s:1", False)
+    b = env.store.begin("TX:s:2", False)
+    for i in range(4):
+        env.store.add(a, "t", 0, env.record(b"a%d" % i))
+    env.store.add(b, "t", 0, env.record(b"b0"))
+    write_intent_only(env, b)  # b's intent first in the journal ...
+    recs = write_intent_only(env, a)
+    env.log("t", 0).append_sync(bytearray(b"".join(recs[:2])), stamp_ids=False)  # ... a's first
+    abandon(env)
+    env = open_env(str(tmp_path))
+    assert env.recovery.committed["completed"] == 1 and env.recovery.committed["appended"] == 1
+    assert [r.data for r in read_records(env.log("t", 0))] == [b"a0", b"a1", b"a2", b"a3", b"b0"]
+    close(env)
