@@ -20,7 +20,8 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 |              |                                          | stored) or a count that cannot fit the   |
 |              |                                          | body; 9 tokens (idempotent): a duplicate |
 |              |                                          | gets the original 200, 409 out of order  |
-|              |                                          | (``server/idempotence.py``)              |
+|              |                                          | (``server/idempotence.py``); 8 tokens    |
+|              |                                          | (tx key): :mod:`.transaction.handler`    |
 | get          | ``value <len> <opaque>`` + log slice     | 400 maxSize <= 0; 403 acceptSubscribe=   |
 |              |                                          | false; 404 no such store / no data;      |
 |              |                                          | 301 ``<offset>`` out of range (see       |
@@ -384,6 +385,9 @@ class Dispatcher:
         self.stats.counters["cmd_put"] += 1
         body = self._batch_body(conn, cmd)
         if body is None:
+            return
+        if cmd.tx_key is not None:
+            self.tx.on_bput(conn, cmd, body, self._put_target)
             return
         target = self._put_target(conn, cmd.topic, cmd.partition, cmd.opaque)
         if target is None:

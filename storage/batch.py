@@ -195,6 +195,25 @@ def restamp(buf: bytearray, first_id: int) -> None:
         pos += HEADER_SIZE + unpack(mv, pos)[0]
 
 
+def split_records(buf: bytearray | bytes, count: int) -> list[bytes]:
+    """The ``count`` records of an already validated batch, each as its own ``bytes``
+    (header and data).  Uniform batches: sliced at a fixed stride, no header is read."""
+    uniform = _uniform(buf)
+    if uniform is not None and uniform[1] == count:
+        stride = uniform[0]
+        return [bytes(buf[pos : pos + stride]) for pos in range(0, stride * count, stride)]
+    mv = memoryview(buf)
+    unpack = _LEN_CRC.unpack_from
+    out = []
+    pos = 0
+    end = len(mv)
+    while pos < end:
+        nxt = pos + HEADER_SIZE + unpack(mv, pos)[0]
+        out.append(bytes(mv[pos:nxt]))
+        pos = nxt
+    return out
+
+
 def stamp_batch(worker: IdWorker, buf: bytearray, max_data: int | None = None) -> tuple[int, int]:
     """Validate ``buf`` and stamp it with consecutive ids from ``worker``: (first id, count).
 
