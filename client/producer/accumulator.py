@@ -1,7 +1,7 @@
 """The producer's accumulator: per-partition queues of record batches, and their bookkeeping.
 
 Split from the sender as in aiokafka: ``append``/``append_many``/``append_records`` (any
-thread) build the messages' records (header via ``struct.pack`` + ``zlib.crc32``) and add them
+thread) build the messages' records (header via ``struct.pack`` + the CRC32 of ``storage.checksum``) and add them
 to the open batch of their partition; the sender (the event-loop thread) asks for the batches
 that are due and writes them as ``bput``. Batches and handles are in
 :mod:`pymetaq.client.producer.batch`.
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 from _thread import get_ident
 from bisect import bisect_right
 from collections import defaultdict, deque
@@ -50,11 +49,11 @@ from pymetaq.client.producer.batch import (
 )
 from pymetaq.client.producer.lanes import Lane, LaneHandle
 from pymetaq.client.types import TopicPartition
-from pymetaq.storage.checksum import MASK31
+from pymetaq.storage.checksum import MASK31, crc32
 from pymetaq.storage.record import ATTR_LEN, FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
 
 _pack = HEADER.pack
-_crc32 = zlib.crc32
+_crc32 = crc32  # ISA-L's when installed (storage.checksum)
 _ATTR_LEN = ATTR_LEN.pack
 
 __all__ = ["Accumulator", "AnyFuture", "Batch", "BatchHandle", "SendHandle"]
