@@ -37,6 +37,7 @@ from bisect import bisect_right
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from itertools import repeat
+from typing import Any
 
 from pymetaq.client.errors import RequestTimeout
 from pymetaq.client.producer.batch import (
@@ -450,12 +451,15 @@ class Accumulator:
         if wake:
             self._wake()
 
-    def lane_callback(self, lane: Lane, index: int, fn: Callable[[], object]) -> bool:
-        """Keep ``fn`` for a value not absorbed yet (False: it is, add it to its batch)."""
+    def lane_callback(
+        self, lane: Lane, index: int, fn: Callable[..., object], handle: object
+    ) -> bool:
+        """Keep ``fn(handle)`` for a value not absorbed yet (False: it is, add it to its
+        batch)."""
         with self._lock:
             if index < lane.absorbed:
                 return False
-            lane.callbacks.append((index, fn))
+            lane.callbacks += (index, fn, handle)
             return True
 
     def _absorb_all(self) -> None:
@@ -493,13 +497,14 @@ class Accumulator:
         """(lock held) Move the callbacks of absorbed values to their batches. Those batches
         were filled under this lock and none is in flight yet, so none can complete meanwhile:
         their callback lists are extended directly."""
-        keep: list[tuple[int, Callable[[], object]]] = []
+        keep: list[Any] = []
         starts, slices = lane.starts, lane.slices
-        for index, fn in lane.callbacks:
+        triples = iter(lane.callbacks)
+        for index, fn, handle in zip(triples, triples, triples):
             if index < n:
                 callbacks = slices[bisect_right(starts, index) - 1].batch.callbacks
                 assert callbacks is not None  # not sent yet: not completed
-                callbacks.append(fn)
+                callbacks += (fn, handle)
             else:
-                keep.append((index, fn))
+                keep += (index, fn, handle)
         lane.callbacks = keep
