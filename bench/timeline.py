@@ -24,6 +24,11 @@ holds every row and the raw events of the window.
 
     python -m bench.timeline --mode group --rate 100000 --size 100 --seconds 3
 
+``--client-gc freeze`` calls ``gc.freeze()`` in the client after the broker and the probes are
+up (what the broker does at start: the objects alive then are never walked again), ``off``
+disables the client's cyclic GC for the case: run the three in a row to see what the client's
+collections add to a gap.
+
 The probes cost something (a 1 ms timer on each loop, a 5 ms ``/proc`` sampler thread in the
 client): compare latencies with and without them only within one run.
 
@@ -33,6 +38,7 @@ Thread-safety: a single-threaded script (the samplers are its own threads).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -159,9 +165,16 @@ def _run_pymetaq(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     machine = _MachineProbe()
     lag_from, gc_from = len(probes.LOOP_LAG), len(probes.GC_PAUSES)
     trace = trace_latencies()
+    if args.client_gc == "freeze":
+        gc.collect()
+        gc.freeze()
+    elif args.client_gc == "off":
+        gc.disable()
     try:
         result = system.ack_latency(args.rate, args.size, args.batch, args.seconds, args.mode)
     finally:
+        gc.enable()
+        gc.unfreeze()
         sampler.stop()
         system.stop()
         lags = machine.stop()
@@ -259,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--bucket-ms", type=float, default=10.0)
     p.add_argument("--around", type=int, default=8, help="buckets shown either side of the gap")
+    p.add_argument(
+        "--client-gc",
+        choices=("on", "freeze", "off"),
+        default="on",
+        help="the client's cyclic GC during the case: as is, gc.freeze() first, or disabled",
+    )
     p.add_argument("--no-null", action="store_true", help="skip the null floor")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = p.parse_args(argv)
