@@ -28,8 +28,15 @@ time (``prometheus_client``), so the put path pays nothing for them.
 | ``pymetaq_group_commit_batch_bytes`` / ``_messages`` | histogram |                        |
 | ``pymetaq_retention_runs_total``                     | counter   |                        |
 | ``pymetaq_retention_removed_segments_total`` / ``_bytes_total`` | counter | action    |
+| ``pymetaq_retention_unconsumed_segments_total``      | counter   | topic, group           |
+| ``pymetaq_retention_unconsumed_bytes_total`` / ``_messages_total`` | counter | topic, group |
 | ``pymetaq_disk_free_bytes`` / ``_size_bytes``        | gauge     | path                   |
 | ``pymetaq_min_free_disk_bytes``                      | gauge     |                        |
+
+The ``retention_unconsumed`` counters (``deletePolicy=consumed``): segments the
+``maxRetention`` cap removed before a named group had consumed them, per group (one segment
+counts once for each group that had not passed its end), and the bytes and messages of those
+segments that group had not consumed (from its committed offset, or the whole segment).
 
 Messages *out* are not counted: a get reply is a slice of the log sent with ``sendfile`` and
 never parsed, so the broker knows the bytes it sent, not how many records they held (Kafka
@@ -232,6 +239,7 @@ class BrokerCollector(Collector):
             segs.add_metric([action], n)
             nbytes.add_metric([action], b)
         yield from (segs, nbytes)
+        yield from _unconsumed(snap.unconsumed_removed)
         free = GaugeMetricFamily(
             "pymetaq_disk_free_bytes", "free bytes for the broker", labels=["path"]
         )
@@ -245,3 +253,18 @@ class BrokerCollector(Collector):
             "minFreeDiskBytes: puts are refused below it",
             self.broker.config.system.min_free_disk_bytes,
         )
+
+
+def _unconsumed(lost: dict[tuple[str, str], tuple[int, int, int]]) -> Iterator[Metric]:
+    """What ``maxRetention`` removed before a named group consumed it, per (topic, group)."""
+    what = "removed by maxRetention before the group consumed them"
+    families = [
+        CounterMetricFamily(
+            f"pymetaq_retention_unconsumed_{unit}", f"{unit} {what}", labels=["topic", "group"]
+        )
+        for unit in ("segments", "bytes", "messages")
+    ]
+    for (topic, group), values in sorted(lost.items()):
+        for family, value in zip(families, values):
+            family.add_metric([topic, group], value)
+    yield from families
