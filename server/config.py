@@ -63,6 +63,20 @@ pymetaq's own ``[system]`` keys (limits; units in the names):
 |                          |           | message (MetaQ) or ``keep`` it (also per topic)     |
 | filterTimeoutMs          | 1000      | bound on one get's filtering (also per topic); see  |
 |                          |           | :mod:`pymetaq.server.filters`                       |
+| maxRetention             | 168       | ``deletePolicy=consumed,...`` only: a closed segment|
+|                          |           | older than this goes even if a group has not        |
+|                          |           | consumed it (N[s|m|h], no unit = hours; 0 = no cap; |
+|                          |           | also per topic)                                     |
+| offsetStorage            | zk        | where consumed policies read committed offsets:     |
+|                          |           | ``zk`` (the [zookeeper] ensemble and zkRoot) or     |
+|                          |           | ``sql``; see :mod:`pymetaq.server.retention`        |
+| offsetStorageUrl         | (empty)   | ``sql``: the SQLAlchemy URL                         |
+| offsetStorageTable       | meta_topic_partition_group_offset | ``sql``: the table          |
+
+``deletePolicy`` also takes ``consumed,<group>[+<group>...]|*[,min-age]`` (retention by
+consumer progress, :mod:`pymetaq.storage.consumed`); a topic with it needs an offset store the
+broker can read (``zk.zkEnable=true`` for ``zk``, ``offsetStorageUrl`` for ``sql``), checked
+at load.
 
 Transactions (MetaQ's keys, live): ``dataLogPath`` (the journal goes to
 ``<dataLogPath>/transactions``; default ``dataPath``), ``flushTxLogAtCommit`` (0/1/2),
