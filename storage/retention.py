@@ -9,11 +9,12 @@ and ``min_offset`` moves up to the first kept segment.
 every named group's committed offset is past its end and it is min-age old, or, as the last
 resort, once it is older than the topic's ``maxRetention``; a segment the cap removes that a
 group had not consumed is logged (WARNING) and carried in :attr:`RetentionAction.lost`.  The
-committed offsets are read once per partition and run from a :class:`ConsumerProgress`; when
-they cannot be read (or there is no source) nothing is deleted for consumption.
+committed offsets are read once per partition and run from a :class:`ConsumerProgress`, before
+the log's lock is taken (a slow store never stalls appends); when they cannot be read (or there
+is no source) nothing is deleted for consumption.
 
-Actions: ``delete`` (and ``consumed``) unlinks; ``archive`` renames to ``<seg>.meta.arc``; ``archive,N,true``
-compresses to ``<seg>.meta.lz4`` (see :mod:`pymetaq.storage.archive`).  A reader holding a
+Actions: ``delete`` (and ``consumed``) unlinks; ``archive`` renames to ``<seg>.meta.arc``;
+``archive,N,true`` compresses to ``<seg>.meta.lz4`` (see :mod:`pymetaq.storage.archive`).  A reader holding a
 :class:`~pymetaq.storage.segment.FileRegion` keeps its bytes (private descriptor).
 
 Thread-safety: predicates are pure; :func:`apply_retention` detaches segments under the log's
@@ -151,16 +152,17 @@ def _apply_consumed(
     disk: Disk,
     progress: ConsumerProgress | None,
 ) -> list[RetentionAction]:
+    if len(plog.segments) < 2:
+        return []  # only the active segment: nothing to ask the offset store about
+    # read before detach_prefix, which holds the log's lock: a slow store never stalls appends
+    offsets = _read_offsets(plog, policy, progress)
     decisions: dict[int, Decision] = {}
-    offsets: list[dict[str, int | None] | None] = []  # read once, on the first closed segment
 
     def keep(seg: Segment) -> bool:
         try:
             mtime = os.stat(seg.path).st_mtime
         except FileNotFoundError:
             return True
-        if not offsets:
-            offsets.append(_read_offsets(plog, policy, progress))
         d = decide(
             start=seg.start,
             end=seg.end,
@@ -168,7 +170,7 @@ def _apply_consumed(
             age_s=now - mtime,
             min_age_s=policy.keep_seconds,
             cap_s=plog.config.max_retention_seconds,
-            offsets=offsets[0],
+            offsets=offsets,
             named=policy.groups,
         )
         decisions[seg.start] = d
