@@ -152,8 +152,16 @@ def _apply_consumed(
     disk: Disk,
     progress: ConsumerProgress | None,
 ) -> list[RetentionAction]:
-    if len(plog.segments) < 2:
+    segments = plog.segments
+    if len(segments) < 2:
         return []  # only the active segment: nothing to ask the offset store about
+    try:
+        oldest = now - os.stat(segments[0].path).st_mtime
+    except FileNotFoundError:
+        return []
+    cap = plog.config.max_retention_seconds
+    if oldest < policy.keep_seconds and not (cap > 0 and oldest > cap):
+        return []  # the first segment (only a prefix goes) is too young either way
     # read before detach_prefix, which holds the log's lock: a slow store never stalls appends
     offsets = _read_offsets(plog, policy, progress)
     decisions: dict[int, Decision] = {}
@@ -169,7 +177,7 @@ def _apply_consumed(
             mutable=seg.mutable,
             age_s=now - mtime,
             min_age_s=policy.keep_seconds,
-            cap_s=plog.config.max_retention_seconds,
+            cap_s=cap,
             offsets=offsets,
             named=policy.groups,
         )

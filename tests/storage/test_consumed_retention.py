@@ -188,6 +188,7 @@ def test_store_deletes_only_what_every_group_passed(tmp_path: Path) -> None:
     m.consumer_progress = progress
     progress.offsets = {"fast": ends[3], "slow": ends[0]}
     assert m.run_retention() == []  # younger than min-age: nothing, whatever was consumed
+    assert progress.calls == 0  # nor was the offset store asked
     _age_all(m, 120)
     [gone] = m.run_retention()
     assert (gone.start, gone.reason, gone.lost) == (0, "consumed", ())
