@@ -131,6 +131,8 @@ def test_a_segment_goes_only_after_the_slower_group_passes_it(
         assert consume(b, backend, "t", "slow", in_next_two - 1)[-1] == starts[3]
         wait_for(lambda: segments(b, "t") == starts[3:], 30, "slow passed two more")
         assert stats(b, "retention") == []  # nothing was lost by any group
+        lost = scrape(b.http_url)["pymetaq_retention_unconsumed_messages_total"]
+        assert lost == {labels(topic="t", group=g): 0 for g in ("fast", "slow")}  # named: at 0
         assert "retention: t-0: deleted the segment at offset 0" in b.log_text()
         assert "(every named group consumed it)" in b.log_text()
 
