@@ -23,17 +23,18 @@ writes (a detached segment).
 
 from __future__ import annotations
 
+import bisect
 import enum
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 #: record header: length (4), checksum (4), message id (8), flag (4) - see storage.record
 _LENGTH = struct.Struct(">i")
 _HEADER_SIZE = 20
-_CHUNK = 1 << 20
+_CHUNK = 64 * 1024  # header reads: small records share a read, a big one costs 64 KiB
 
 
 class ConsumerProgress(Protocol):
@@ -104,10 +105,12 @@ def decide(
     return Decision(Verdict.CONSUMED, {}) if is_consumed(end, offsets) else KEEP
 
 
-def count_records_from(path: str, start: int, first: int, size: int) -> int:
-    """Records of the segment file ``path`` (log offset ``start``, ``size`` bytes written)
-    that begin at or after log offset ``first``; stops at a torn or zero header."""
-    count = 0
+def count_records_from(path: str, start: int, firsts: Sequence[int], size: int) -> list[int]:
+    """For each log offset in ``firsts``: how many records of the segment file ``path`` (log
+    offset ``start``, ``size`` bytes written) begin at or after it.  One pass over the record
+    headers whatever the number of offsets; stops at a torn or zero header."""
+    order = sorted(firsts)
+    hist = [0] * (len(order) + 1)  # hist[k]: records at or after exactly the first k offsets
     pos = 0
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
@@ -123,10 +126,12 @@ def count_records_from(path: str, start: int, first: int, size: int) -> int:
             stop = pos + _HEADER_SIZE + length
             if length < 0 or stop > size or (length == 0 and _zero_header(fd, pos)):
                 break
-            if start + pos >= first:
-                count += 1
+            hist[bisect.bisect_right(order, start + pos)] += 1
             pos = stop
-    return count
+    at_or_after = {}
+    for k, first in enumerate(order):
+        at_or_after[first] = sum(hist[k + 1 :])
+    return [at_or_after[first] for first in firsts]
 
 
 def _zero_header(fd: int, pos: int) -> bool:

@@ -188,10 +188,9 @@ def _apply_consumed(
     for seg in plog.detach_prefix(keep):
         seg.file.close()
         d = decisions.get(seg.start, KEEP)
-        lost = tuple(
-            (g, seg.end - first, count_records_from(seg.path, seg.start, first, seg.written))
-            for g, first in sorted(d.unconsumed_from.items())
-        )
+        froms = sorted(d.unconsumed_from.items())
+        counts = count_records_from(seg.path, seg.start, [f for _, f in froms], seg.written)
+        lost = tuple((g, seg.end - f, n) for (g, f), n in zip(froms, counts))
         action = _act(plog, seg, policy, disk)
         action = dataclasses.replace(action, reason=d.verdict.value, lost=lost)
         actions.append(action)

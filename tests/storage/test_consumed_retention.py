@@ -130,12 +130,25 @@ def test_count_records_from(tmp_path: Path) -> None:
     for n in sizes:
         starts.append(starts[-1] + 20 + n)
     base = 4000
-    assert count_records_from(str(path), base, 0, len(data)) == 4
-    assert count_records_from(str(path), base, base + starts[1], len(data)) == 3
-    assert count_records_from(str(path), base, base + starts[3], len(data)) == 1
-    assert count_records_from(str(path), base, base + len(data), len(data)) == 0
-    assert count_records_from(str(path), base, 0, len(data) + 64) == 4  # zeros end it
-    assert count_records_from(str(path), base, 0, len(data) - 1) == 3  # a torn last record
+    firsts = [0, base + starts[1], base + starts[3], base + len(data), base + starts[1]]
+    assert count_records_from(str(path), base, firsts, len(data)) == [4, 3, 1, 0, 3]
+    assert count_records_from(str(path), base, [base + 1], len(data)) == [3]  # inside one
+    assert count_records_from(str(path), base, [0], len(data) + 64) == [4]  # zeros end it
+    assert count_records_from(str(path), base, [0], len(data) - 1) == [3]  # a torn last one
+    assert count_records_from(str(path), base, [], len(data)) == []
+
+
+def test_count_records_across_reads(tmp_path: Path) -> None:
+    """Segments larger than one header read, records larger than one read."""
+    sizes = [1000] * 150 + [200_000, 7, 70_000] + [10] * 3000
+    path = tmp_path / "big.meta"
+    path.write_bytes(bytes(batch([b"y" * n for n in sizes])))
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + 20 + n)
+    picks = [0, 149, 150, 151, 152, 153, 2000, len(sizes) - 1]
+    got = count_records_from(str(path), 0, [starts[i] for i in picks], starts[-1])
+    assert got == [len(sizes) - i for i in picks]
 
 
 class FakeProgress:
