@@ -27,6 +27,8 @@ import dataclasses
 import enum
 import logging
 import os
+import threading
+import time
 from dataclasses import dataclass
 
 from pymetaq.storage.archive import compress_segment
@@ -134,15 +136,48 @@ def _read_offsets(
         )
         return None
     try:
-        return progress.committed(plog.topic, plog.partition, policy.groups)
+        offsets = progress.committed(plog.topic, plog.partition, policy.groups)
     except Exception as exc:
-        log.error(
-            "retention: %s: cannot read the consumers' offsets (%s): keeping the data "
-            "(only maxRetention removes any)",
-            plog.name,
-            exc,
-        )
+        if _unreadable.report(plog.name, str(exc)):
+            log.error(
+                "retention: %s: cannot read the consumers' offsets (%s): keeping the data "
+                "(only maxRetention removes any; repeated at most every %d s)",
+                plog.name,
+                exc,
+                UNREADABLE_LOG_INTERVAL_S,
+            )
         return None
+    if _unreadable.clear(plog.name):
+        log.info("retention: %s: the consumers' offsets can be read again", plog.name)
+    return offsets
+
+
+UNREADABLE_LOG_INTERVAL_S = 600
+
+
+class _Unreadable:
+    """Which logs could not read their offsets, so a retention schedule of seconds does not
+    repeat the same ERROR every run (a new reason, or 10 minutes, logs it again)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[str, float]] = {}
+
+    def report(self, name: str, why: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            prev = self._last.get(name)
+            if prev is not None and prev[0] == why and now - prev[1] < UNREADABLE_LOG_INTERVAL_S:
+                return False
+            self._last[name] = (why, now)
+            return True
+
+    def clear(self, name: str) -> bool:
+        with self._lock:
+            return self._last.pop(name, None) is not None
+
+
+_unreadable = _Unreadable()
 
 
 def _apply_consumed(

@@ -5,6 +5,7 @@ offset source (the real ZooKeeper and PostgreSQL stores: tests/server/test_consu
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -215,7 +216,10 @@ def test_store_deletes_only_what_every_group_passed(tmp_path: Path) -> None:
     m.close()
 
 
-def test_an_unreadable_store_deletes_nothing(tmp_path: Path) -> None:
+def test_an_unreadable_store_deletes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pymetaq.storage.retention")
     m, ends = _store(tmp_path, "consumed,*", 10 * H)
     progress = FakeProgress()
     m.consumer_progress = progress
@@ -224,11 +228,16 @@ def test_an_unreadable_store_deletes_nothing(tmp_path: Path) -> None:
     _age_all(m, 120)
     assert m.run_retention() == []
     assert progress.calls == 1  # read once per partition and run
+    assert m.run_retention() == []
+    errors = [r for r in caplog.records if "cannot read the consumers' offsets" in r.message]
+    assert len(errors) == 1  # the same reason is not repeated every run
+    assert "t-0: cannot read the consumers' offsets (zookeeper down)" in errors[0].message
     m.consumer_progress = None  # no source at all: the same
     assert m.run_retention() == []
     progress.fail = None
     m.consumer_progress = progress
     assert len(m.run_retention()) == len(ends) - 1
+    assert "t-0: the consumers' offsets can be read again" in caplog.text
     m.close()
 
 
