@@ -585,16 +585,20 @@ def _check_offset_storage(
     users = [t for t in topics if t.retains_until_consumed]
     if not users:
         return
-    where = f"[topic={users[0].name}] (line {users[0].line}) has deletePolicy=consumed"
+    at = users[0].line
+    where = f"[topic={users[0].name}] (line {at}) has deletePolicy=consumed"
+    if system.delete_policy.strip().lower().startswith("consumed"):
+        at = lines.get("deletePolicy", 0)
+        where = "[system] has deletePolicy=consumed (every topic's default)"
     if system.offset_storage == "zk" and not zk.enabled:
         raise ConfigError(
-            f"{path}:{lines.get('offsetStorage', users[0].line)}: {where}, which reads the "
-            "consumers' offsets from ZooKeeper (offsetStorage=zk), but [zookeeper] "
-            "zk.zkEnable=false; enable ZooKeeper, or set offsetStorage=sql and offsetStorageUrl"
+            f"{path}:{at}: {where}, which reads the consumers' offsets from ZooKeeper "
+            "(offsetStorage=zk), but [zookeeper] zk.zkEnable=false; enable ZooKeeper, or set "
+            "offsetStorage=sql and offsetStorageUrl"
         )
     if system.offset_storage == "sql" and not url:
         raise ConfigError(
-            f"{path}:{lines.get('offsetStorage', 0)}: {where} with offsetStorage=sql, but "
+            f"{path}:{lines.get('offsetStorage', at)}: {where} with offsetStorage=sql, but "
             "offsetStorageUrl is empty; set it to the SQLAlchemy URL the consumers commit to"
         )
 

@@ -277,6 +277,20 @@ def test_consumed_policy_keys() -> None:
     )
 
 
+def test_a_consumed_policy_in_system_is_every_topics_default() -> None:
+    text = (
+        "[system]\ndeletePolicy=consumed,*,2h\n[zookeeper]\nzk.zkEnable=true\n"
+        "[topic=a]\n[topic=b]\ndeletePolicy=delete,1\n"
+    )
+    cfg = parse_config(text, "cfg.ini", cwd="/tmp")
+    a, b = cfg.topic_config("a"), cfg.topic_config("b")
+    assert a is not None and b is not None
+    assert (a.delete_policy, a.retains_until_consumed) == ("consumed,*,2h", True)
+    assert (b.delete_policy, b.retains_until_consumed) == ("delete,1", False)
+    with pytest.raises(ConfigError, match=r"cfg.ini:2: \[system\] has deletePolicy=consumed \("):
+        parse_config(text.replace("zk.zkEnable=true", "zk.zkEnable=false"), "cfg.ini")
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "absent.ini")
