@@ -109,6 +109,8 @@ from pymetaq.server.monitor.state import LAG_HELP, Monitor
 from pymetaq.server.partitions import Partitions, TooManyPartitions
 from pymetaq.server.puts import Appender
 from pymetaq.server.replication import REPLICATION_HELP, put_refusal, replication_lines
+from pymetaq.server.retention import STATS_HELP as RETENTION_HELP
+from pymetaq.server.retention import stats_lines as retention_lines
 from pymetaq.server.security.guard import Guard
 from pymetaq.server.stats import VERSION, PartitionInfo, Stats
 from pymetaq.storage import (
@@ -175,6 +177,7 @@ class Dispatcher:
             "transactions", "Returns the open transactions (pymetaq).", self.tx.stats_lines
         )
         self.stats.add_item("replication", REPLICATION_HELP, lambda: replication_lines(broker))
+        self.stats.add_item("retention", RETENTION_HELP, lambda: retention_lines(broker))
         self._table: dict[type, Handler] = dict(
             (
                 _route(PutCommand, self.on_put),
