@@ -230,9 +230,9 @@ def test_group_of_processes_through_join_leave_crashes_expiry_and_zk_restart(
     c.progress(200, "the producer carries on without broker 1")
     new_failures = c.load.failed[failed_before:]
     assert len(new_failures) <= 1, new_failures
-    assert all(
-        "MessageMayBeStored" in e and "send to t/1-" in e for _, e in new_failures
-    ), new_failures
+    assert all("MessageMayBeStored" in e and "send to t/1-" in e for _, e in new_failures), (
+        new_failures
+    )
     c.wait_partitions(2 * PARTS, "broker 1's registration expired")
     c.settle("broker lost", t0)
     t0 = time.monotonic()
