@@ -290,7 +290,7 @@ class Appender:
         # the loop's next reads; a small one may be fsynced inline by _sync_appended
         inline = len(records) <= INLINE_SYNC_BYTES and time.monotonic() >= self._inline_after
         try:
-            plog.append(
+            appended = plog.append(
                 records,
                 stamp_ids=stamp_ids,
                 on_durable=both.local if both is not None else on_durable,
@@ -299,7 +299,9 @@ class Appender:
                 before_write=idem.before_write(len(records)) if idem is not None else None,
             )
             if both is not None and link is not None:  # stamped: send these very records
-                link.replicate(plog.topic, plog.partition, records).add_done_callback(both.remote)
+                link.replicate(
+                    plog.topic, plog.partition, records, appended.offset
+                ).add_done_callback(both.remote)
             if inline:
                 if not self._to_sync:
                     self.loop.call_soon(self._sync_appended)
