@@ -341,7 +341,8 @@ class Reattach:
             for key in self._gap(sent):
                 await self._push(link, key, sent)
         futures = []
-        for key in self._gap(sent):  # the switch: no await from here to the replicator
+        self._starts(node, sent)  # the switch: no await from here to the replicator
+        for key in self._gap(sent):
             while (fut := self._push_now(link, key, sent)) is not None:
                 futures.append(fut)
         self.broker.sync_link = link
@@ -356,12 +357,17 @@ class Reattach:
         if await self.loop.run_in_executor(None, set_insync, *args):
             log.warning("rejoin: %s holds everything: it is the in-sync slave", node.url)
 
-    def _starts(self, node: GregorNode) -> dict[tuple[str, int], int]:
+    def _starts(
+        self, node: GregorNode, sent: dict[tuple[str, int], int] | None = None
+    ) -> dict[tuple[str, int], int]:
         """Where the slave's log ends, per partition of ours (RejoinError if it cannot
-        continue one: it is ahead, or behind what retention kept)."""
-        sent = {}
+        continue one: it is ahead, or behind what retention kept); ``sent``: the partitions
+        already being sent (a partition created meanwhile is added)."""
+        sent = {} if sent is None else sent
         for plog in self.broker.store.logs():
             key = (plog.topic, plog.partition)
+            if key in sent:
+                continue
             start = node.ends.get(key, 0)
             if not plog.min_offset <= start <= plog.write_offset:
                 raise RejoinError(
