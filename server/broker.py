@@ -44,7 +44,6 @@ from pymetaq.server.http import start_dashboard
 from pymetaq.server.registry import RegistryError
 from pymetaq.server.replication import (
     check_slave_config,
-    start_promoter,
     start_slave,
     start_sync_link,
     stop_promoter,
@@ -324,7 +323,9 @@ class Broker:
                 log.info(
                     "gregor slave: not registering in ZooKeeper (as MetaQ); watching the master"
                 )
-                self.promoter = await start_promoter(self)
+                from pymetaq.server.rejoin import gregor_start
+
+                await gregor_start(self)
             return
         if self.config.zookeeper.enabled:  # kazoo is imported only then
             from pymetaq.server.registry import Replaced, open_registry

@@ -38,7 +38,7 @@ from pymetaq.client.protocol import GetCommand, ValueReply
 from pymetaq.client.protocol.zk import ZkPaths, meta_url, parse_meta_url
 from pymetaq.client.transport.connection import BrokerConnection
 from pymetaq.ha.config import SamsaConfig
-from pymetaq.ha.failover import epoch_path, set_insync
+from pymetaq.ha.failover import epoch_path, read_epoch, set_insync
 from pymetaq.ha.rejoin import (
     Ends,
     GregorNode,
@@ -123,6 +123,35 @@ async def rejoin(broker: Broker, holder: str, epoch: int) -> None:
     broker.promoter = await start_promoter(broker, client)
     broker.gregor_node = GregorAnnouncer(broker, client)
     await broker.gregor_node.announce()
+
+
+async def gregor_start(broker: Broker) -> None:
+    """A gregor slave with ZooKeeper starting: it watches its master (failover); but when
+    the master of its brokerId is a promoted one (the epoch node tracks ``insync``) and not
+    this replica, it may hold a tail that master never had (it was the master before, or its
+    slave): it rejoins first, cutting at that master's ends at its promotion."""
+    from pymetaq.server.replication import start_promoter, zk_client
+
+    client = await zk_client(broker)
+    zk = broker.config.zookeeper
+    path = epoch_path(ZkPaths(zk.root), broker.config.system.broker_id)
+    loop = asyncio.get_running_loop()
+    try:
+        found = await loop.run_in_executor(None, read_epoch, client, path)
+    except Exception:
+        await loop.run_in_executor(None, _stop_client, client)
+        raise
+    if found is not None and found[0].insync is not None and found[0].replica != broker.replica:
+        await loop.run_in_executor(None, _stop_client, client)
+        current = found[0]
+        broker.gregor = False  # not before it has cut and asked to be followed
+        broker.set_fenced(
+            f"brokerId {broker.config.system.broker_id}'s master is {current.master} since "
+            f"epoch {current.epoch}: this broker rejoins it as its slave"
+        )
+        broker.replaced(current.master, current.epoch)
+        return
+    broker.promoter = await start_promoter(broker, client)
 
 
 def _stop_client(client: Any) -> None:

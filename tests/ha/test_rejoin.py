@@ -9,7 +9,9 @@
   names it in sync.  The slave stopped again: puts are not acknowledged without it, then the
   master detaches it (acks alone, ``insync`` cleared); woken, it rejoins again.
 - The restart path: the old master SIGKILLed, restarted after the promotion with its
-  ``-Fsamsa`` command line: it starts, rejoins, and ends ``same``.
+  ``-Fsamsa`` command line: it starts, rejoins, and ends ``same``; then the other way round
+  (the new master killed, the rejoined slave promoted at epoch 3, the killed one restarted
+  with its ``-Fgregor`` command line rejoins it).
 """
 
 from __future__ import annotations
@@ -208,5 +210,23 @@ def test_a_killed_master_restarted_after_the_promotion_rejoins(
         assert_all_acked_once_in_order(new, sender.acked)
         verify_strict(new, old)
         acked_on_slave_at_once(new, old, 6)
+        # and back: the new master killed, the rejoined (in-sync) slave takes over at epoch 3;
+        # the killed one restarted with its -Fgregor command line rejoins in turn
+        old_url = f"meta://127.0.0.1:{old.port}"
+        again = Sender(f"zk://{zk_hosts}/meta")
+        try:
+            wait_for(lambda: len(again.acked) >= 20, 60, "acks through the second master")
+            new.kill()
+            wait_for(lambda: value(zk, MASTER) == old_url.encode(), 60, "the second promotion")
+            assert epoch_doc(zk)["epoch"] == 3 and epoch_doc(zk)["insync"] == ""
+            at = len(again.acked)
+            wait_for(lambda: len(again.acked) >= at + 20, 60, "acks through the third master")
+            new.restart()
+            wait_for(lambda: rejoined(new, old, zk), 60, "the killed master rejoined")
+        finally:
+            again.stop()
+        assert_all_acked_once_in_order(old, sender.acked + again.acked)
+        verify_strict(old, new)
+        acked_on_slave_at_once(old, new, 4)
         zk.stop()
         zk.close()
