@@ -17,7 +17,10 @@ A broker started with ``-Fmetaslave=async_slave.properties`` is an asynchronous 
 - on a samsa master, first a line for its gregor slave: ``gregor <host:port> state
   <connected|disconnected|unhealthy> form <bsync|sync> batches <n> failures <n>`` (``form``:
   what its batches are sent as; ``failures``: consecutive, towards
-  slaveContinuousFailureThreshold).
+  slaveContinuousFailureThreshold).  A promoted master (automatic failover) shows the slave
+  that rejoined it the same way (``catching-up`` while it is sent what it lacks), or
+  ``gregor - state none form - batches 0 failures 0`` while it has none (it acknowledges
+  alone then: server/rejoin.py).
 
 With ``autoSyncMasterConfig=true`` the master's ``[topic=...]`` sections (from ``stats
 config``) replace the slave's own in its server.ini (written to a temporary file and renamed;
@@ -174,8 +177,14 @@ def replication_lines(broker: Broker) -> list[str]:
     if broker.epoch is not None or broker.fenced is not None or broker.promoter is not None:
         lines.insert(0, failover_line(broker))
     link = broker.sync_link
+    reattach = broker.reattach
     if link is not None:
         state = "unhealthy" if link.unhealthy else "connected" if link.connected else "disconnected"
+    elif reattach is not None and reattach.link is not None:  # sending a rejoined slave its gap
+        link, state = reattach.link, "catching-up"
+    elif reattach is not None:  # a promoted master without a slave: it acknowledges alone
+        lines.insert(0, "gregor - state none form - batches 0 failures 0")
+    if link is not None:
         lines.insert(
             0,
             f"gregor {link.url} state {state} form {'bsync' if link.batched else 'sync'} "

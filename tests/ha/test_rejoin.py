@@ -170,6 +170,8 @@ def test_a_stopped_master_rejoins_as_the_slave_of_its_successor(
         try:
             assert put_reply(new, 0, b"alone?").code == 500
             wait_for(lambda: epoch_doc(zk).get("insync") == "", 30, "insync cleared")
+            none = "gregor - state none form - batches 0 failures 0"
+            wait_for(lambda: stats(new, "replication")[0] == none, 30, "detached")
             assert put_reply(new, 0, b"alone").code == 200  # Kafka's min.insync.replicas=1
         finally:
             old.signal(signal.SIGCONT)
