@@ -294,6 +294,8 @@ class SyncLink:
         if self.batched and len(records) <= BSYNC_MAX:
             head, first, count = bsync_head(topic, partition, records)
             at = offset if self.aligned else None
+            if at is not None:  # the 8-token form: the slave stores it only at that offset
+                head += b"%d " % at
             fut = self._send(
                 lambda op: ([head + b"%d\r\n" % op, records], 1),
                 1,

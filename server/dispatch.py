@@ -594,7 +594,7 @@ class Dispatcher:
         target = self._sync_target(conn, cmd.topic, cmd.partition, cmd.opaque)
         if target is not None:
             plog, tc = target
-            self.appender.synced_batch(conn, plog, tc.stat, body, cmd.opaque)
+            self.appender.synced_batch(conn, plog, tc.stat, body, cmd.opaque, cmd.offset)
 
     def _sync_target(
         self, conn: Connection, topic: str, partition: int, opaque: int

@@ -151,7 +151,29 @@ async def gregor_start(broker: Broker) -> None:
         )
         broker.replaced(current.master, current.epoch)
         return
+    if found is not None and found[0].insync is not None:  # it is the promoted master
+        log.warning(
+            "this broker is the master of brokerId %d since epoch %d (promoted before it "
+            "stopped): serving as the master, not as a gregor slave",
+            broker.config.system.broker_id,
+            found[0].epoch,
+        )
+        await loop.run_in_executor(None, _stop_client, client)
+        await resume_as_master(broker, found[0].epoch)
+        return
     broker.promoter = await start_promoter(broker, client)
+
+
+async def resume_as_master(broker: Broker, epoch: int) -> None:
+    """A promoted master started again: register as the master at its epoch (its promotion's
+    ends and the consumer offsets were recorded and mapped when it was promoted)."""
+    from pymetaq.server.registry import open_registry
+
+    broker.gregor = False
+    broker.epoch = epoch
+    loop = asyncio.get_running_loop()
+    broker.registry = await loop.run_in_executor(None, open_registry, broker)
+    broker.reattach = Reattach(broker, broker.registry.client)
 
 
 def _stop_client(client: Any) -> None:
