@@ -164,6 +164,7 @@ def test_an_8_token_bsync_is_stored_only_where_the_slaves_log_ends(tmp_path: Pat
         assert w.call(at(one, 0, 31)) == ResultReply(200, b"901 1 0 1", 31)
         mismatch = b"offset mismatch: this log ends at %d, not at 0" % len(one)
         assert w.call(at(two, 0, 32)) == ResultReply(409, mismatch, 32)  # a resend: refused
-        assert w.call(at(two, len(one) + 5, 33)).code == 409  # a gap: refused
+        gap = b"offset mismatch: this log ends at %d, not at %d" % (len(one), len(one) + 5)
+        assert w.call(at(two, len(one) + 5, 33)) == ResultReply(409, gap, 33)  # a gap: refused
         assert w.call(at(two, len(one), 34)) == ResultReply(200, b"902 1 %d 1" % len(one), 34)
         assert [m for _, m, _ in records(slave, 1)] == [901, 902]
