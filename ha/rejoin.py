@@ -22,8 +22,9 @@ producer was never told they were stored), and the new master has its own.
   (ephemeral, JSON :class:`GregorNode`: its address, replica id and each partition's end).
   The new master sends it what it lacks from those ends on (the same bytes at the same
   offsets: ``bsync``), then every new batch, and acknowledges puts only once the slave
-  confirmed them; each ``bsync`` reply's offset must be the master's (:mod:`pymetaq.ha.sync`,
-  ``aligned``).  Once the slave holds everything, the new master names it in the epoch node
+  confirmed them; each ``bsync`` carries the batch's offset (its 8-token form: the slave
+  stores it only where its log ends, 409 otherwise) and its reply must name that offset
+  (:mod:`pymetaq.ha.sync`, ``aligned``).  Once the slave holds everything, the new master names it in the epoch node
   (``insync``), and only then may the slave be promoted in turn (:class:`~pymetaq.ha.failover.Promoter`).
 
 Thread-safety: pure functions, and blocking reads of a :class:`PartitionLog` (safe alongside

@@ -25,6 +25,10 @@ counts towards ``slaveContinuousFailureThreshold`` (any success resets it); reac
 ``checkSlaveIntervalInMills`` and the first success after that calls ``on_healthy``
 (re-register).
 
+An ``aligned`` link (a promoted master's link to the replaced master that rejoined it,
+:mod:`pymetaq.ha.rejoin`) sends the 8-token ``bsync`` with each batch's offset on the master:
+the slave stores it only if its log ends exactly there, and the reply must name that offset.
+
 Thread-safety: one event loop (the broker's); :meth:`replicate` and :meth:`check` on it.
 """
 

@@ -12,9 +12,9 @@ see below) it is made again with the ends as they are then, after closing the co
 master's syncs came on (so no late batch lands after the ends were read).
 
 The promoted master (:class:`Reattach`): records its log ends at promotion, and watches
-``brokers/ids/<id>/gregor``.  For a node it connects an ``aligned`` :class:`SyncLink`, sends
-what the slave lacks from its ends on (whole records, as ``bsync``, in chunks while the gap
-is large, then the rest and the switch in one step on the loop: no append comes between),
+``brokers/ids/<id>/gregor``.  For a node it connects an ``aligned`` :class:`SyncLink` (8-token
+``bsync``: each batch stored only at the master's offset), sends what the slave lacks from its
+ends on (whole records, in chunks while the gap is large, then the rest and the switch in one step on the loop: no append comes between),
 from then on acknowledges a put only once the slave confirmed it, and once the slave
 confirmed everything names it ``insync`` in the epoch node.  Any failure of the link detaches
 the slave: puts are refused (``500 Slave is disconnected``, MetaQ's reply) until ``insync``
