@@ -193,8 +193,8 @@ def _wait_ends(client: Any, broker: Broker, epoch: int) -> Ends:
             raw, _ = client.get(path)
         except NoNodeError:
             if client.exists(path, watch=lambda _e: event.set()) is None:
-                if not event.wait(ENDS_WAIT_S):
-                    log.warning("rejoin: still waiting for %s", path)
+                if not event.wait(ENDS_WAIT_S):  # bounded: the caller tries again
+                    raise TimeoutError(f"{path} did not appear within {ENDS_WAIT_S:g} s") from None
                 event.clear()
             continue
         try:
@@ -303,6 +303,14 @@ class GregorAnnouncer:
     def close(self) -> None:
         self.closed = True
 
+    def withdraw(self) -> None:
+        """(executor) Stop announcing and delete the node (this broker was promoted)."""
+        from kazoo.exceptions import NoNodeError
+
+        self.closed = True
+        with contextlib.suppress(NoNodeError):
+            self.client.delete(self.path)
+
 
 def _advertised(broker: Broker) -> str:
     from pymetaq.server.registry import advertised_host
@@ -359,6 +367,8 @@ class Reattach:
                 node = GregorNode.decode(data)
             except ValueError as e:
                 log.error("rejoin: %s: %s", self.path, e)
+        if node is not None and node.replica == self.broker.replica:
+            node = None  # its own, from when it was the slave (deleted at its promotion)
         if node == self.node:
             return
         self.node = node

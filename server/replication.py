@@ -295,6 +295,9 @@ async def _register_promoted(broker: Broker) -> None:
     loop = asyncio.get_running_loop()
     assert broker.epoch is not None
     try:
+        if broker.gregor_node is not None:  # it had rejoined a master: no longer its slave
+            await loop.run_in_executor(None, broker.gregor_node.withdraw)
+            broker.gregor_node = None
         args = (broker, broker.promoter.client, broker.epoch)
         await loop.run_in_executor(None, record_promotion, *args)
         broker.registry = await loop.run_in_executor(None, open_registry, broker)

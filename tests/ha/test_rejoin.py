@@ -241,6 +241,8 @@ def test_a_killed_master_restarted_after_the_promotion_rejoins(
         finally:
             again.stop()
         assert_all_acked_once_in_order(old, sender.acked + again.acked)
+        assert f"rejoin: {old_url} follows this master" not in old.log_text()  # not itself
+        assert "cannot take" not in old.log_text() + new.log_text()
         verify_strict(old, new)
         acked_on_slave_at_once(old, new, 4)
         zk.stop()
