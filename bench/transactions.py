@@ -199,12 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     table = sys.stderr if args.json else sys.stdout
     print(
-        f"{'case':<12} {'msgs/s':>9} {'commit p50':>11} {'commit p99':>11} {'tx p50':>8} {'tx p99':>8}",
+        f"{'case':<24} {'msgs/s':>9} {'commit p50':>11} {'commit p99':>11} {'tx p50':>8} {'tx p99':>8}",
         file=table,
     )
     for r in rows:
         print(
-            f"{r['case']:<12} {r['msgs_per_s']:>9.0f} {r['commit_p50_ms']:>9.2f}ms "
+            f"{r['case']:<24} {r['msgs_per_s']:>9.0f} {r['commit_p50_ms']:>9.2f}ms "
             f"{r['commit_p99_ms']:>9.2f}ms {r['tx_p50_ms']:>6.1f}ms {r['tx_p99_ms']:>6.1f}ms",
             file=table,
         )

@@ -1,12 +1,15 @@
 """The client cases of ``bench/transactions.py``: the same work through pymetaq's client.
 
 * ``client send``: ``Producer.send`` (waits for each ack: the broker's group-commit fsync);
+  ``client send_async x1000``: 1000 ``send_async`` then every result (pipelined: the peer of
+  the ``x1000 async`` transaction cases);
 * ``local xk``: ``with producer.transaction(): k x producer.send(...)``, then ``tx.commit()``
   (each send waits for its answer, as MetaQ's Java producer does; ``async``: ``send_async``,
   pipelined, the commit waits for the answers);
 * ``XA+PG xk``: ``with coordinator.transaction() as g:`` one row INSERT into PostgreSQL and
   ``k`` sends, then the two-phase commit of both (END, PREPARE on the broker and in
-  PostgreSQL, the decision log's fsync, COMMIT_TWO_PHASE, COMMIT PREPARED).
+  PostgreSQL, the decision log's fsync, COMMIT_TWO_PHASE, COMMIT PREPARED); ``x1000 async``:
+  the sends are ``send_async`` (pipelined, the commit waits for the answers).
 
 ``--clients`` threads share one producer (one connection for plain sends; each open
 transaction has its own). Commit latency: ``tx.commit()`` for local transactions, the block's
@@ -28,6 +31,9 @@ from typing import Any
 
 CLIENT_CASES = [
     ("client send", "plain", 1),
+    ("client send_async x1000", "plain-async", 1000),
+    ("local x1000 async", "local-async", 1000),
+    ("XA+PG x1000 async", "xa-async", 1000),
     ("local x1", "local", 1),
     ("local x10", "local", 10),
     ("local x100", "local", 100),
@@ -126,7 +132,11 @@ def run_client_cases(
         try:
             for name, kind, k in CLIENT_CASES:
                 body = _body(kind, k, p, coordinator, rows, payload)
-                yield name, (0 if kind == "plain" else k), run_threads(clients, seconds, body)
+                yield (
+                    name,
+                    (0 if kind.startswith("plain") else k),
+                    run_threads(clients, seconds, body),
+                )
         finally:
             coordinator.close()
             engine.dispose()
@@ -141,6 +151,15 @@ def _body(
         if not r.success:
             raise RuntimeError(f"send failed: {r.error}")
         out.add(time.perf_counter() - t0, time.perf_counter() - t0, 1)
+
+    def plain_async(n: int, out: Out) -> None:
+        t0 = time.perf_counter()
+        handles = [p.send_async("bench", payload) for _ in range(k)]
+        t1 = time.perf_counter()
+        if not all(h.result().success for h in handles):
+            raise RuntimeError("send failed")
+        t2 = time.perf_counter()
+        out.add(t2 - t1, t2 - t0, k)
 
     def local(n: int, out: Out) -> None:
         t0 = time.perf_counter()
@@ -162,14 +181,26 @@ def _body(
         t2 = time.perf_counter()
         out.add(t2 - t1, t2 - t0, k)
 
-    def xa(n: int, out: Out) -> None:
+    def xa(n: int, out: Out, pipelined: bool = False) -> None:
         t0 = time.perf_counter()
         with coordinator.transaction() as g:
             g.connection.execute(rows.insert().values(note=f"order from {n}"))
+            send = p.send_async if pipelined else p.send
             for _ in range(k):
-                p.send("bench", payload)
+                send("bench", payload)
             t1 = time.perf_counter()
         t2 = time.perf_counter()
         out.add(t2 - t1, t2 - t0, k)
 
-    return {"plain": plain, "local": local, "local-async": local_async, "xa": xa}[kind]
+    def xa_async(n: int, out: Out) -> None:
+        xa(n, out, pipelined=True)
+
+    bodies: dict[str, Callable[[int, Out], None]] = {
+        "plain": plain,
+        "plain-async": plain_async,
+        "local": local,
+        "local-async": local_async,
+        "xa": xa,
+        "xa-async": xa_async,
+    }
+    return bodies[kind]

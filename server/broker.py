@@ -48,6 +48,7 @@ from pymetaq.server.replication import (
     start_sync_link,
     stop_promoter,
 )
+from pymetaq.server.retention import open_progress
 from pymetaq.server.security.tls import server_context
 from pymetaq.server.transaction.service import TransactionService
 from pymetaq.storage import MessageStoreManager, StorageError
@@ -308,6 +309,7 @@ class Broker:
                     report.partition,
                     default_config.file_option(self.config),
                 )
+        self.store.consumer_progress = open_progress(self)
         self.store.start()
         try:
             self.transactions = TransactionService.open(self.config, self.store)
@@ -421,6 +423,8 @@ class Broker:
         dispatcher.filters.close()
         dispatcher.appender.idempotence.close()
         await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+        if self.store.consumer_progress is not None:
+            self.store.consumer_progress.close()
         log.info("stopped: storage closed cleanly")
 
     async def _idle_sweeper(self) -> None:

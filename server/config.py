@@ -63,6 +63,20 @@ pymetaq's own ``[system]`` keys (limits; units in the names):
 |                          |           | message (MetaQ) or ``keep`` it (also per topic)     |
 | filterTimeoutMs          | 1000      | bound on one get's filtering (also per topic); see  |
 |                          |           | :mod:`pymetaq.server.filters`                       |
+| maxRetention             | 168       | ``deletePolicy=consumed,...`` only: a closed segment|
+|                          |           | older than this goes even if a group has not        |
+|                          |           | consumed it (N[s|m|h], no unit = hours; 0 = no cap; |
+|                          |           | also per topic)                                     |
+| offsetStorage            | zk        | where consumed policies read committed offsets:     |
+|                          |           | ``zk`` (the [zookeeper] ensemble and zkRoot) or     |
+|                          |           | ``sql``; see :mod:`pymetaq.server.retention`        |
+| offsetStorageUrl         | (empty)   | ``sql``: the SQLAlchemy URL                         |
+| offsetStorageTable       | meta_topic_partition_group_offset | ``sql``: the table          |
+
+``deletePolicy`` also takes ``consumed,<group>[+<group>...]|*[,min-age]`` (retention by
+consumer progress, :mod:`pymetaq.storage.consumed`); a topic with it needs an offset store the
+broker can read (``zk.zkEnable=true`` for ``zk``, ``offsetStorageUrl`` for ``sql``), checked
+at load.
 
 Transactions (MetaQ's keys, live): ``dataLogPath`` (the journal goes to
 ``<dataLogPath>/transactions``; default ``dataPath``), ``flushTxLogAtCommit`` (0/1/2),
@@ -90,9 +104,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pymetaq.client.protocol.names import InvalidTopicName, topic_pattern
+from pymetaq.client.protocol.zk import check_group
 from pymetaq.server.errors import ConfigError
 from pymetaq.server.ini import IniEntry, IniSection, did_you_mean, eval_int, parse_bool, parse_ini
 from pymetaq.server.security.config import SecurityConfig, parse_security
+from pymetaq.storage.config import parse_delete_policy, parse_duration
 from pymetaq.storage.cron import next_fire
 
 _CPUS = os.cpu_count() or 1
@@ -143,6 +159,10 @@ SYSTEM_KEYS: dict[str, tuple[str, str, Any]] = {
     "txJournalFileSize": ("tx_journal_file_size", "int", 64 * 1024 * 1024),
     "filterErrorPolicy": ("filter_error_policy", "str", "skip"),
     "filterTimeoutMs": ("filter_timeout_ms", "int", 1000),
+    "maxRetention": ("max_retention", "str", "168"),
+    "offsetStorage": ("offset_storage", "str", "zk"),
+    "offsetStorageUrl": ("offset_storage_url", "str", ""),
+    "offsetStorageTable": ("offset_storage_table", "str", "meta_topic_partition_group_offset"),
 }
 
 ZK_KEYS: dict[str, tuple[str, str, Any]] = {
@@ -167,6 +187,7 @@ TOPIC_KEYS: tuple[str, ...] = (
     "acceptPublish",
     "filterErrorPolicy",
     "filterTimeoutMs",
+    "maxRetention",
 )
 
 INERT_KEYS: frozenset[str] = frozenset(
@@ -226,6 +247,10 @@ class SystemConfig:
     tx_journal_file_size: int = 64 * 1024 * 1024
     filter_error_policy: str = "skip"
     filter_timeout_ms: int = 1000
+    max_retention: str = "168"
+    offset_storage: str = "zk"
+    offset_storage_url: str = ""
+    offset_storage_table: str = "meta_topic_partition_group_offset"
 
     @property
     def max_put_size(self) -> int:
@@ -262,6 +287,7 @@ class TopicConfig:
     group_filters: tuple[tuple[str, str], ...] = ()
     filter_error_policy: str = "skip"
     filter_timeout_ms: int = 1000
+    max_retention: str = "168"
     line: int = 0
     pattern: re.Pattern[str] = field(default=re.compile(""), compare=False, repr=False)
 
@@ -283,7 +309,13 @@ class TopicConfig:
             delete_policy=self.delete_policy,
             delete_when=self.delete_when,
             data_path=self.data_path,
+            max_retention_seconds=parse_duration(self.max_retention),
         )
+
+    @property
+    def retains_until_consumed(self) -> bool:
+        """``deletePolicy=consumed,...``: deletion waits for consumer groups' offsets."""
+        return self.delete_policy.strip().lower().startswith("consumed")
 
 
 @dataclass(frozen=True)
@@ -366,6 +398,7 @@ def parse_config(text: str, path: str = "<string>", *, cwd: str | None = None) -
     topics = tuple(_topic(s, system, path, base) for s in sections if s.name.startswith("topic="))
     if not topics:
         raise ConfigError(f"{path}: no [topic=NAME] section; MetaQ requires at least one topic")
+    _check_offset_storage(system, zk, topics, by_name.get("system"), path)
     security = parse_security(sections, path, base)
     checksum = zlib.crc32(text.encode("utf-8")) & 0xFFFFFFFF
     return BrokerConfig(system, zk, topics, path, text, checksum, security=security)
@@ -443,10 +476,38 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "maxTxHeldBytes": (lambda v: v >= 1024, "must be >= 1024 bytes"),
     "txJournalFileSize": (lambda v: v >= 65536, "must be >= 65536 bytes"),
     "deletePolicy": (
-        lambda v: re.fullmatch(r"(delete|archive),\d+[hms]?(,\w+)?", v) is not None,
-        "must look like 'delete,168' or 'archive,168,true'",
+        lambda v: _policy_error(v) is None,
+        "must look like 'delete,168', 'archive,168,true' or 'consumed,<group>+<group>,1'",
+    ),
+    "maxRetention": (
+        lambda v: _duration_error(v) is None,
+        "must be an age N[s|m|h] (no unit: hours; 0 = no cap)",
+    ),
+    "offsetStorage": (lambda v: v in ("zk", "sql"), "must be zk or sql"),
+    "offsetStorageTable": (
+        lambda v: re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", v) is not None,
+        "must be a SQL table name (letters, digits, '_'; at most 63)",
     ),
 }
+
+
+def _policy_error(text: str) -> str | None:
+    """Why ``text`` is not a ``deletePolicy`` (MetaQ's forms or ``consumed,...``), or None."""
+    try:
+        policy = parse_delete_policy(text)
+        for group in policy.groups or ():
+            check_group(group)
+    except ValueError as exc:
+        return str(exc).removeprefix(f"bad deletePolicy {text!r}: ")
+    return None
+
+
+def _duration_error(text: str) -> str | None:
+    try:
+        parse_duration(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _schedule_error(expr: str) -> str | None:
@@ -480,6 +541,8 @@ def _host_error(host: str) -> str | None:
 
 
 _EXPLAIN: dict[str, Callable[[Any], str | None]] = {
+    "deletePolicy": _policy_error,
+    "maxRetention": _duration_error,
     "deleteWhen": _schedule_error,
     "hostName": _host_error,
     "dashboardHttpHost": _host_error,
@@ -503,6 +566,43 @@ def _check_system(system: SystemConfig, section: IniSection | None, path: str) -
         _check(key, getattr(system, attr), lines.get(key, 0), "system", path)
 
 
+def _check_offset_storage(
+    system: SystemConfig,
+    zk: ZkConfig,
+    topics: tuple[TopicConfig, ...],
+    section: IniSection | None,
+    path: str,
+) -> None:
+    """``deletePolicy=consumed`` needs an offset store the broker can read."""
+    lines = {e.key: e.line for e in section.entries} if section else {}
+    url = system.offset_storage_url
+    if url and not url.startswith(("sqlite", "postgresql")):
+        raise ConfigError(
+            f"{path}:{lines.get('offsetStorageUrl', 0)}: bad value for 'offsetStorageUrl' in "
+            f"section [system]: {url!r} must be a SQLAlchemy URL (sqlite:///..., "
+            "postgresql+psycopg://...)"
+        )
+    users = [t for t in topics if t.retains_until_consumed]
+    if not users:
+        return
+    at = users[0].line
+    where = f"[topic={users[0].name}] (line {at}) has deletePolicy=consumed"
+    if system.delete_policy.strip().lower().startswith("consumed"):
+        at = lines.get("deletePolicy", 0)
+        where = "[system] has deletePolicy=consumed (every topic's default)"
+    if system.offset_storage == "zk" and not zk.enabled:
+        raise ConfigError(
+            f"{path}:{at}: {where}, which reads the consumers' offsets from ZooKeeper "
+            "(offsetStorage=zk), but [zookeeper] zk.zkEnable=false; enable ZooKeeper, or set "
+            "offsetStorage=sql and offsetStorageUrl"
+        )
+    if system.offset_storage == "sql" and not url:
+        raise ConfigError(
+            f"{path}:{lines.get('offsetStorage', at)}: {where} with offsetStorage=sql, but "
+            "offsetStorageUrl is empty; set it to the SQLAlchemy URL the consumers commit to"
+        )
+
+
 def _topic(section: IniSection, system: SystemConfig, path: str, base: str) -> TopicConfig:
     name = section.name[len("topic=") :].strip()
     try:
@@ -520,8 +620,8 @@ def _topic(section: IniSection, system: SystemConfig, path: str, base: str) -> T
             continue
         if entry.key not in TOPIC_KEYS:
             hint = did_you_mean(entry.key, [*TOPIC_KEYS, "group.<group>"])
-            if entry.key in SYSTEM_KEYS:
-                hint = f" (it is a [system]-only key){hint}"
+            if entry.key in SYSTEM_KEYS:  # a real key in the wrong section: no look-alike
+                hint = " (it is a [system]-only key)"
             raise ConfigError(
                 f"{path}:{entry.line}: unknown key '{entry.key}' in section [{section.name}]{hint}"
             )
@@ -544,6 +644,7 @@ def _topic(section: IniSection, system: SystemConfig, path: str, base: str) -> T
         group_filters=tuple(filters),
         filter_error_policy=values.get("filter_error_policy", system.filter_error_policy),
         filter_timeout_ms=values.get("filter_timeout_ms", system.filter_timeout_ms),
+        max_retention=values.get("max_retention", system.max_retention),
         line=section.line,
         pattern=pattern,
     )

@@ -20,7 +20,8 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 |              |                                          | stored) or a count that cannot fit the   |
 |              |                                          | body; 9 tokens (idempotent): a duplicate |
 |              |                                          | gets the original 200, 409 out of order  |
-|              |                                          | (``server/idempotence.py``)              |
+|              |                                          | (``server/idempotence.py``); 8 tokens    |
+|              |                                          | (tx key): :mod:`.transaction.handler`    |
 | get          | ``value <len> <opaque>`` + log slice     | 400 maxSize <= 0; 403 acceptSubscribe=   |
 |              |                                          | false; 404 no such store / no data;      |
 |              |                                          | 301 ``<offset>`` out of range (see       |
@@ -109,6 +110,8 @@ from pymetaq.server.monitor.state import LAG_HELP, Monitor
 from pymetaq.server.partitions import Partitions, TooManyPartitions
 from pymetaq.server.puts import Appender
 from pymetaq.server.replication import REPLICATION_HELP, put_refusal, replication_lines
+from pymetaq.server.retention import STATS_HELP as RETENTION_HELP
+from pymetaq.server.retention import stats_lines as retention_lines
 from pymetaq.server.security.guard import Guard
 from pymetaq.server.stats import VERSION, PartitionInfo, Stats
 from pymetaq.storage import (
@@ -178,6 +181,7 @@ class Dispatcher:
             "transactions", "Returns the open transactions (pymetaq).", self.tx.stats_lines
         )
         self.stats.add_item("replication", REPLICATION_HELP, lambda: replication_lines(broker))
+        self.stats.add_item("retention", RETENTION_HELP, lambda: retention_lines(broker))
         self._table: dict[type, Handler] = dict(
             (
                 _route(PutCommand, self.on_put),
@@ -388,6 +392,9 @@ class Dispatcher:
         self.stats.counters["cmd_put"] += 1
         body = self._batch_body(conn, cmd)
         if body is None:
+            return
+        if cmd.tx_key is not None:
+            self.tx.on_bput(conn, cmd, body, self._put_target)
             return
         target = self._put_target(conn, cmd.topic, cmd.partition, cmd.opaque)
         if target is None:

@@ -6,7 +6,7 @@ per-record work:
 - **uniform batches** (every record the same length — what a producer batching fixed-size
   messages sends): the framing is checked with four C-level extended-slice comparisons of the
   length field, the stored checksums are gathered with four extended slices and one
-  ``struct.unpack``; the one loop runs ``zlib.crc32`` on memoryview slices; ids are scattered
+  ``struct.unpack``; the one loop runs ``storage.checksum.crc32`` on memoryview slices; ids are scattered
   with eight extended-slice assignments (ids of a batch share their top 6 bytes, because a
   batch never crosses a millisecond's 4096 sequence numbers; the low 2 bytes come from a
   precomputed table).
@@ -14,7 +14,7 @@ per-record work:
   fails the same bounds check), ``crc32`` on a memoryview slice and ``pack_into`` of the id.
 
 Measured on the 2-core dev box, 1000 records of 100 bytes: the mixed loop 0.43-0.47 us per
-record, the uniform path 0.30 us (``zlib.crc32`` of 100 bytes alone is 0.15 us here).
+record, the uniform path 0.30 us (``zlib.crc32`` of 100 bytes alone is 0.15 us here; ISA-L's, when installed, 0.045).
 
 Flags (:mod:`pymetaq.storage.flags`): a record whose flag promises data a consumer could not
 decode is refused like a bad CRC.  The mixed loop unpacks the flag with the length and CRC (one
@@ -28,8 +28,8 @@ Thread-safe: pure functions over a caller-owned buffer (mutated when stamping);
 from __future__ import annotations
 
 import struct
-import zlib
 
+from pymetaq.storage.checksum import crc32 as _crc32
 from pymetaq.storage.errors import InvalidRecords
 from pymetaq.storage.flags import flag_problem
 from pymetaq.storage.ids import SEQ_LIMIT, IdWorker
@@ -64,7 +64,7 @@ def _walk(
     unpack = _LEN_CRC_FLAG.unpack_from
     pack = _ID.pack_into
     read_id = _ID.unpack_from
-    crc32 = zlib.crc32
+    crc32 = _crc32
     pos = last = count = 0
     msg_id = first_id or 0
     stamp = first_id is not None
@@ -117,7 +117,7 @@ def _check_uniform(buf: bytearray | bytes, stride: int, n: int) -> None:
         gathered[k::4] = buf[4 + k : end : stride]
     stored = struct.unpack(f">{n}i", gathered)
     mv = memoryview(buf)
-    crc32 = zlib.crc32
+    crc32 = _crc32
     length = stride - HEADER_SIZE
     for pos, crc in zip(range(HEADER_SIZE, end, stride), stored):
         if crc32(mv[pos : pos + length]) & _MASK != crc:
@@ -193,6 +193,25 @@ def restamp(buf: bytearray, first_id: int) -> None:
         pack(mv, pos + 8, msg_id)
         msg_id += 1
         pos += HEADER_SIZE + unpack(mv, pos)[0]
+
+
+def split_records(buf: bytearray | bytes, count: int) -> list[bytes]:
+    """The ``count`` records of an already validated batch, each as its own ``bytes``
+    (header and data).  Uniform batches: sliced at a fixed stride, no header is read."""
+    uniform = _uniform(buf)
+    if uniform is not None and uniform[1] == count:
+        stride = uniform[0]
+        return [bytes(buf[pos : pos + stride]) for pos in range(0, stride * count, stride)]
+    mv = memoryview(buf)
+    unpack = _LEN_CRC.unpack_from
+    out = []
+    pos = 0
+    end = len(mv)
+    while pos < end:
+        nxt = pos + HEADER_SIZE + unpack(mv, pos)[0]
+        out.append(bytes(mv[pos:nxt]))
+        pos = nxt
+    return out
 
 
 def stamp_batch(worker: IdWorker, buf: bytearray, max_data: int | None = None) -> tuple[int, int]:

@@ -1,8 +1,17 @@
-"""CRC32 as MetaQ computes it: ``CRC32(data) & 0x7FFFFFFF`` (stdlib only).
+"""CRC32 as MetaQ computes it: ``CRC32(data) & 0x7FFFFFFF``.
 
-The hot paths use :func:`zlib.crc32` — the same polynomial (CRC-32/ISO-HDLC, the one
-``crcmod.predefined`` calls ``crc-32``) and measured about twice as fast as crcmod on this
-machine (100-byte input: 0.18 us vs 0.37 us per call).  crcmod is the project's *reference*
+The hot paths (the client's record building and scan, the broker's put validation and
+recovery) call :data:`crc32`: ISA-L's ``isal_zlib.crc32`` when the optional ``isal`` package is
+installed (``pip install 'pymetaq[fast]'``), else :func:`zlib.crc32`. Both compute the same
+CRC (CRC-32/ISO-HDLC, the one ``crcmod.predefined`` calls ``crc-32``; the tests cross-check
+each against crcmod) with the same signature (``crc32(data, value=0)``, any buffer). They
+differ in speed on short inputs: zlib 1.2's table loop costs about 1.5 ns per byte below a
+few hundred bytes (100 bytes: 0.18 us per call on this machine), ISA-L's folding 0.045 us, so
+a 100-byte message's CRC, paid once by the producer, once by the broker and once by the
+consumer, drops from the largest single cost of the consume path to a small one (figures in
+docs/benchmarks.md). ``PYMETAQ_CRC=zlib`` in the environment forces zlib (to measure or
+rule out the accelerator); :data:`CRC32_IMPL` names the one in use. zlib is also measured
+about twice as fast as crcmod (0.18 us vs 0.37 us per 100-byte call).  crcmod is the project's *reference*
 implementation, used only by :func:`checksum_reference` (tests cross-check the two): it is
 imported there, on first use, and that is where its C extension is required (the pure-Python
 fallback is orders of magnitude slower), so importing this module never needs crcmod.
@@ -13,6 +22,7 @@ Thread-safe: pure functions.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import zlib
 from collections.abc import Callable
@@ -21,9 +31,27 @@ from collections.abc import Callable
 MASK31 = 0x7FFFFFFF
 
 
+def _pick_crc32() -> tuple[Callable[..., int], str]:
+    """ISA-L's CRC32 if ``isal`` is importable and ``PYMETAQ_CRC`` is not ``zlib``."""
+    if os.environ.get("PYMETAQ_CRC", "").strip().lower() != "zlib":
+        try:
+            from isal import isal_zlib
+        except ImportError:
+            pass
+        else:
+            fast: Callable[..., int] = isal_zlib.crc32
+            return fast, "isal"
+    return zlib.crc32, "zlib"
+
+
+crc32: Callable[..., int]
+#: ``crc32(data, value=0) -> int``: zlib's signature and result, the fastest one installed
+crc32, CRC32_IMPL = _pick_crc32()
+
+
 def checksum(data: bytes | bytearray | memoryview) -> int:
     """MetaQ's record checksum: CRC32 of ``data`` masked to 31 bits."""
-    return zlib.crc32(data) & MASK31
+    return crc32(data) & MASK31
 
 
 @functools.cache

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 
 from pymetaq.storage.config import StoreConfig, TopicStoreConfig
+from pymetaq.storage.consumed import ConsumerProgress
 from pymetaq.storage.cron import next_fire, validate_schedule
 from pymetaq.storage.datadir import CLEAN_MARKER, DataDirLock, Marker, take_marker, write_marker
 from pymetaq.storage.disk import Disk, MmapDisk, transient_error
@@ -116,6 +117,8 @@ class MessageStoreManager:
         self._ret_cond = threading.Condition()
         self._ret_thread: threading.Thread | None = None
         self._ret_stop = False
+        #: where ``deletePolicy=consumed`` reads committed offsets (set by the broker)
+        self.consumer_progress: ConsumerProgress | None = None
 
     # -- open / lookup -------------------------------------------------------------------
 
@@ -367,8 +370,11 @@ class MessageStoreManager:
         for plog in self.logs():
             if plog.closed or (delete_when is not None and plog.config.delete_when != delete_when):
                 continue
-            actions += apply_retention(plog, plog.config.delete_policy, now, self._disk)
+            actions += apply_retention(
+                plog, plog.config.delete_policy, now, self._disk, self.consumer_progress
+            )
         self.metrics.retention_run([(a.kind.value, a.size) for a in actions])
+        self.metrics.unconsumed_removed([(a.topic, g, b, n) for a in actions for g, b, n in a.lost])
         return actions
 
     def _retention_loop(self) -> None:

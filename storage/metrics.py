@@ -12,7 +12,9 @@ one per run.
 |                             | dirty segment(s), plus seal/rename work of a roll); bytes and  |
 |                             | messages the round made durable (the group-commit batch)       |
 | ``MessageStoreManager.run_retention`` | runs; segments and bytes removed per action          |
-|                             | (``deleted``, ``archived``, ``compressed``)                    |
+|                             | (``deleted``, ``archived``, ``compressed``); per (topic,       |
+|                             | group): segments ``maxRetention`` removed that the group had   |
+|                             | not consumed, and the bytes and messages it had not consumed   |
 
 Thread-safety: one lock around every update and every snapshot (syncs run on the flusher
 thread and, inline, on the broker's loop; retention on its own thread).
@@ -82,6 +84,8 @@ class StoreMetricsSnapshot:
     retention_runs: int
     #: action ("deleted", "archived", "compressed") -> (segments, bytes)
     retention_removed: dict[str, tuple[int, int]]
+    #: (topic, group) -> (segments, bytes, messages) the maxRetention cap removed unconsumed
+    unconsumed_removed: dict[tuple[str, str], tuple[int, int, int]]
 
 
 class StoreMetrics:
@@ -94,6 +98,7 @@ class StoreMetrics:
         self._messages = Histogram(BATCH_MESSAGES_BUCKETS)
         self._runs = 0
         self._removed: dict[str, list[int]] = {}
+        self._unconsumed: dict[tuple[str, str], list[int]] = {}
 
     def sync_round(self, seconds: float, nbytes: int, messages: int) -> None:
         """One fsync round of one log: its duration and what it made durable."""
@@ -112,6 +117,16 @@ class StoreMetrics:
                 slot[0] += 1
                 slot[1] += nbytes
 
+    def unconsumed_removed(self, lost: Sequence[tuple[str, str, int, int]]) -> None:
+        """(topic, group, bytes, messages) per segment the cap removed before ``group`` had
+        consumed it."""
+        with self._lock:
+            for topic, group, nbytes, messages in lost:
+                slot = self._unconsumed.setdefault((topic, group), [0, 0, 0])
+                slot[0] += 1
+                slot[1] += nbytes
+                slot[2] += messages
+
     def snapshot(self) -> StoreMetricsSnapshot:
         with self._lock:
             return StoreMetricsSnapshot(
@@ -120,4 +135,5 @@ class StoreMetrics:
                 self._messages.snapshot(),
                 self._runs,
                 {k: (v[0], v[1]) for k, v in self._removed.items()},
+                {k: (v[0], v[1], v[2]) for k, v in self._unconsumed.items()},
             )

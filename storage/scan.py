@@ -18,6 +18,7 @@ import os
 import zlib
 from dataclasses import dataclass
 
+from pymetaq.storage.checksum import crc32 as _crc32
 from pymetaq.storage.disk import SegmentFile
 from pymetaq.storage.record import HEADER, HEADER_SIZE, MASK31, ZERO_HEADER
 
@@ -55,7 +56,7 @@ def scan_segment(file: SegmentFile, size: int) -> ScanResult:
     win = _Window(file, size)
     pos = records = 0
     last_id = 0
-    crc32 = zlib.crc32
+    crc32 = _crc32
     reason = ""
     while pos + HEADER_SIZE <= size:
         header = win.get(pos, HEADER_SIZE)

@@ -113,6 +113,7 @@ def test_the_wheel_holds_what_it_promises(wheel: Path) -> None:
     assert sorted(meta.get_all("Provides-Extra", [])) == [
         "bench",
         "dev",
+        "fast",
         "pg",
         "spark",
         "sql",

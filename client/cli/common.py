@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
@@ -118,7 +119,8 @@ def meta_addresses(args: argparse.Namespace, command: str) -> list[tuple[str, in
     from pymetaq.client.transport.servers import parse_servers
 
     if servers.startswith("zk://"):
-        return parse_servers(",".join(registered_masters(servers, args)))
+        tls = bool(servers.partition("?")[2])  # options on zk:// mean TLS, as for the clients
+        return parse_servers(",".join(registered_masters(servers, args, tls=tls)))
     return parse_servers(servers)
 
 
@@ -135,9 +137,10 @@ def one_address(args: argparse.Namespace, command: str) -> tuple[str, int]:
     return found[0]
 
 
-def registered_masters(url: str, args: argparse.Namespace) -> list[str]:
+def registered_masters(url: str, args: argparse.Namespace, *, tls: bool = False) -> list[str]:
     """``meta://host:port`` of every master registered under a ``zk://`` URL (sorted by
-    broker id); :class:`CommandError` when none is."""
+    broker id) - with ``tls``, the ``meta+tls://`` address each registered in ``master_tls``
+    (a broker without one is left out, with a warning); :class:`CommandError` when none is."""
     import logging
 
     from pymetaq.client.cluster.session import connect
@@ -145,21 +148,46 @@ def registered_masters(url: str, args: argparse.Namespace) -> list[str]:
     from pymetaq.client.protocol.zk import parse_zk_url
 
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # our own message says it once
-    zk_url = parse_zk_url(url)
+    zk_url = parse_zk_url(url.partition("?")[0])
     timeout = float(getattr(args, "timeout", 10.0) or 10.0)
     zk = connect(zk_url, session_timeout_s=max(timeout, 2.0), connect_timeout_s=timeout)
     try:
         snap = read_cluster(zk, zk_url.root)
+        masters = [b.master for b in snap.brokers if b.master]
+        if tls and masters:
+            masters = _tls_masters(zk, zk_url.paths, [b for b in snap.brokers if b.master])
+            if not masters:
+                raise CommandError(
+                    f"no broker registered under {url.partition('?')[0]} has a TLS listener",
+                    "give the brokers tlsPort= (docs/security.md), or drop the TLS options",
+                )
     finally:
         zk.stop()
         zk.close()
-    masters = [b.master for b in snap.brokers if b.master]
     if not masters:
         raise CommandError(
-            f"no broker is registered under {url}",
+            f"no broker is registered under {url.partition('?')[0]}",
             "start brokers with zk.zkEnable=true and this zk.zkConnect/zk.zkRoot",
         )
     return masters
+
+
+def _tls_masters(zk: Any, paths: Any, brokers: list[Any]) -> list[str]:
+    """The ``master_tls`` addresses of ``brokers`` (those without one: a warning each)."""
+    out = []
+    for b in brokers:
+        try:
+            raw = zk.get(paths.broker_master_tls(b.broker_id))[0]
+        except Exception:  # no such node
+            raw = None
+        if raw:
+            out.append(raw.decode().strip())
+        else:
+            print(
+                f"warning: broker {b.broker_id} ({b.master}) has no TLS listener: left out",
+                file=sys.stderr,
+            )
+    return out
 
 
 def security_of(args: argparse.Namespace, text: str | None = None) -> Any:
@@ -168,6 +196,9 @@ def security_of(args: argparse.Namespace, text: str | None = None) -> Any:
     from pymetaq.client.transport.security import client_security
 
     value = text if text is not None else servers_of(args)
+    if value.strip().startswith("zk://"):  # options on zk:// mean TLS (zkbrokers.py's rule)
+        query = value.strip().partition("?")[2]
+        value = f"meta+tls://zk:1?{query}" if query else "meta://zk:1"
     try:
         return client_security(value)
     except ValueError as e:

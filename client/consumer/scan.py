@@ -14,10 +14,10 @@ Two paths, same result (the property tests compare them on arbitrary inputs):
 * **runs** — records of equal length with flag 0 (the common case: fixed-size messages). The
   header fields of a run are read as byte *columns* (``memoryview[c::stride]``, one C copy per
   header byte), the payloads sliced in one comprehension, the CRCs computed with
-  ``map(zlib.crc32, ...)`` and compared as packed big-endian bytes (the stored CRC is
+  ``map(crc32, ...)`` (``storage.checksum``'s) and compared as packed big-endian bytes (the stored CRC is
   ``crc & 0x7FFFFFFF``: the top byte of the computed CRCs is masked with ``bytes.translate``),
   the ids unpacked with one ``struct.unpack``. No Python bytecode per record but the slice.
-* **walk** — anything else: one ``struct.unpack_from`` and one ``zlib.crc32`` per record,
+* **walk** — anything else: one ``struct.unpack_from`` and one CRC32 call per record,
   ``_WALK_CHUNK`` records at a time, then the next run is probed (cheap when record lengths
   vary: one header read rejects it).
 
@@ -36,7 +36,6 @@ Thread-safety: pure functions over immutable bytes.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import gcd
@@ -46,7 +45,7 @@ from pymetaq.client.consumer.batch import MessageBatch, make_message
 from pymetaq.client.errors import CorruptMessage, UndecodableRecord
 from pymetaq.client.transport.records import decode_messages
 from pymetaq.client.types import Message, TopicPartition
-from pymetaq.storage.checksum import MASK31
+from pymetaq.storage.checksum import MASK31, crc32
 from pymetaq.storage.record import HEADER, HEADER_SIZE
 
 #: a run shorter than this is walked record by record (the column set-up costs ~2 us).
@@ -58,7 +57,7 @@ _unpack = HEADER.unpack_from
 _INT32 = struct.Struct(">i")  # a header's first field (the data length), read on its own
 _unpack_len = _INT32.unpack_from
 _pack_len = _INT32.pack
-_crc = zlib.crc32
+_crc = crc32  # ISA-L's when installed (storage.checksum: 45 ns per 100 bytes, zlib 180)
 _TOP7 = bytes(b & 0x7F for b in range(256))  # translate table: mask the CRC's top bit
 #: payload length -> (records per format, unpack_from of ``"20x<length>s" * records``)
 _PAYLOADS: dict[int, tuple[int, Callable[[bytes, int], tuple[bytes, ...]]]] = {}

@@ -1,7 +1,7 @@
 """The producer's accumulator: per-partition queues of record batches, and their bookkeeping.
 
 Split from the sender as in aiokafka: ``append``/``append_many``/``append_records`` (any
-thread) build the messages' records (header via ``struct.pack`` + ``zlib.crc32``) and add them
+thread) build the messages' records (header via ``struct.pack`` + the CRC32 of ``storage.checksum``) and add them
 to the open batch of their partition; the sender (the event-loop thread) asks for the batches
 that are due and writes them as ``bput``. Batches and handles are in
 :mod:`pymetaq.client.producer.batch`.
@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 from _thread import get_ident
 from bisect import bisect_right
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from itertools import repeat
+from typing import Any
 
 from pymetaq.client.errors import RequestTimeout
 from pymetaq.client.producer.batch import (
@@ -50,11 +50,11 @@ from pymetaq.client.producer.batch import (
 )
 from pymetaq.client.producer.lanes import Lane, LaneHandle
 from pymetaq.client.types import TopicPartition
-from pymetaq.storage.checksum import MASK31
+from pymetaq.storage.checksum import MASK31, crc32
 from pymetaq.storage.record import ATTR_LEN, FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
 
 _pack = HEADER.pack
-_crc32 = zlib.crc32
+_crc32 = crc32  # ISA-L's when installed (storage.checksum)
 _ATTR_LEN = ATTR_LEN.pack
 
 __all__ = ["Accumulator", "AnyFuture", "Batch", "BatchHandle", "SendHandle"]
@@ -451,12 +451,15 @@ class Accumulator:
         if wake:
             self._wake()
 
-    def lane_callback(self, lane: Lane, index: int, fn: Callable[[], object]) -> bool:
-        """Keep ``fn`` for a value not absorbed yet (False: it is, add it to its batch)."""
+    def lane_callback(
+        self, lane: Lane, index: int, fn: Callable[..., object], handle: object
+    ) -> bool:
+        """Keep ``fn(handle)`` for a value not absorbed yet (False: it is, add it to its
+        batch)."""
         with self._lock:
             if index < lane.absorbed:
                 return False
-            lane.callbacks.append((index, fn))
+            lane.callbacks += (index, fn, handle)
             return True
 
     def _absorb_all(self) -> None:
@@ -494,13 +497,14 @@ class Accumulator:
         """(lock held) Move the callbacks of absorbed values to their batches. Those batches
         were filled under this lock and none is in flight yet, so none can complete meanwhile:
         their callback lists are extended directly."""
-        keep: list[tuple[int, Callable[[], object]]] = []
+        keep: list[Any] = []
         starts, slices = lane.starts, lane.slices
-        for index, fn in lane.callbacks:
+        triples = iter(lane.callbacks)
+        for index, fn, handle in zip(triples, triples, triples):
             if index < n:
                 callbacks = slices[bisect_right(starts, index) - 1].batch.callbacks
                 assert callbacks is not None  # not sent yet: not completed
-                callbacks.append(fn)
+                callbacks += (fn, handle)
             else:
-                keep.append((index, fn))
+                keep += (index, fn, handle)
         lane.callbacks = keep

@@ -36,7 +36,6 @@ from __future__ import annotations
 from _thread import get_ident
 from bisect import bisect_right
 from collections.abc import Callable
-from functools import partial
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +77,8 @@ class Lane:
         self.slices: list[BatchSlice] = []
         #: per slice: bytes before each of its values, ``(first, step)`` when uniform
         self.rels: list[tuple[int, int] | list[int]] = []
-        self.callbacks: list[tuple[int, Callable[[], object]]] = []
+        #: ``index, fn, handle, ...`` of values not absorbed yet (flat, as ``Batch.callbacks``)
+        self.callbacks: list[Any] = []
 
     def add_slice(self, start: int, sl: BatchSlice) -> int:
         """(lock held) Record that values ``start..`` went to ``sl``; returns how many. Keeps
@@ -131,10 +131,9 @@ class LaneHandle(tuple, SendHandle):  # type: ignore[type-arg]
         """``fn(handle)`` once acknowledged or failed (on the producer's I/O thread)."""
         lane: Lane = self[0]
         index: int = self[1]
-        cb = partial(fn, self)
-        if index >= lane.absorbed and lane.acc.lane_callback(lane, index, cb):
+        if index >= lane.absorbed and lane.acc.lane_callback(lane, index, fn, self):
             return
-        lane.locate(index)[0].add_callback(cb)
+        lane.locate(index)[0].add_callback(fn, self)
 
     def __repr__(self) -> str:
         return f"<SendHandle {self[0].tp} #{self[1]}>"

@@ -24,10 +24,11 @@ Thread-safety: ``send``/``send_many`` from any thread (the face's threads or the
 
 from __future__ import annotations
 
-import collections
 import random
+import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pymetaq.client.errors import MetaClientError
@@ -40,7 +41,14 @@ from pymetaq.client.producer.batch import (
     SendHandle,
 )
 from pymetaq.client.producer.partitioner import resolve_explicit
-from pymetaq.client.transaction.bound import BoundTransaction, TransactionBinding, closed_error
+from pymetaq.client.transaction.bound import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_RECORDS,
+    BoundTransaction,
+    Item,
+    TransactionBinding,
+    closed_error,
+)
 from pymetaq.client.transaction.errors import CrossBrokerTransaction
 from pymetaq.client.transaction.local import (
     AsyncLocalScope,
@@ -67,6 +75,8 @@ if TYPE_CHECKING:
     from pymetaq.client.producer.engine import PartitionArg, ProducerEngine
 
 Runner = Callable[[Coroutine[Any, Any, Any]], Any]
+#: (transaction, partition, batch, its messages) queued by the thread face for the loop
+_Entry = tuple[BoundTransaction, TopicPartition, Batch, list[Item]]
 
 
 class Transactions:
@@ -87,9 +97,11 @@ class Transactions:
         self.ids = LocalIds(new_session_id())
         self._pool: TxConnections | None = None
         self._rng = random.Random()
-        #: (thread face) puts handed to the loop in order; one wake-up drains them all
-        self._handoff: collections.deque[tuple[BoundTransaction, TopicPartition, bytes, int, Any]]
-        self._handoff = collections.deque()
+        #: (thread face) batches handed to the loop in order; one wake-up drains them all
+        self._lock = threading.Lock()
+        self._handoff: list[_Entry] = []
+        #: the batch each (transaction, partition) queued last, while more may join it
+        self._open: dict[tuple[BoundTransaction, TopicPartition], _Entry] = {}
         self._wake_pending = False
 
     # -- factories (the faces call these) ------------------------------------------------------
@@ -211,7 +223,7 @@ class Transactions:
         tp = self.place(tx, topic, value, key, partition, attribute)
         if key is not None or attribute is not None:  # the key travels in the attribute
             attribute = self.engine.values.attribute(key, attribute)
-        return BatchSendHandle(self._put(tx, tp, value, attribute), 0, 0)
+        return BatchSendHandle(*self._put(tx, tp, value, attribute), 0)
 
     def send_many(
         self,
@@ -229,42 +241,69 @@ class Transactions:
         if key is not None or attribute is not None:
             attribute = self.engine.values.attribute(key, attribute)
         extra = len(encode_data(b"", attribute)[0])
-        slices = [BatchSlice(self._put(tx, tp, v, attribute), 0, 0, [v], extra) for v in values]
+        slices = [BatchSlice(*self._put(tx, tp, v, attribute), 0, [v], extra) for v in values]
         return BatchHandle(slices)
 
     def _put(
         self, tx: BoundTransaction, tp: TopicPartition, value: bytes, attribute: str | None
-    ) -> Batch:
+    ) -> tuple[Batch, int]:
+        """Queue one message of ``tx``: (its batch, its index in the batch).  The thread
+        face adds it to the batch its transaction and partition queued last, while the loop
+        has not taken it yet (so a burst of sends makes a batch per partition, whatever the
+        partitioner's order); the pipe sends each partition's batches as transactional
+        ``bput``\\ s, in order per partition."""
         data, flag = encode_data(value, attribute)
+        if not self._threadsafe:  # the loop's own face: straight into the pipe
+            batch = self._new_batch(tp, data)
+            tx.put(tp, [(data, flag)], partial(_done, batch))
+            return batch, 0
+        with self._lock:
+            entry = self._open.get((tx, tp))
+            if (
+                entry is not None
+                and entry[2].count < MAX_BATCH_RECORDS
+                and entry[2].nbytes + len(data) <= MAX_BATCH_BYTES
+            ):
+                batch = entry[2]
+                index = batch.count
+                batch.count += 1
+                batch.nbytes += len(data)
+                entry[3].append((data, flag))
+                return batch, index
+            batch = self._new_batch(tp, data)
+            self._open[tx, tp] = entry = (tx, tp, batch, [(data, flag)])
+            self._handoff.append(entry)
+            wake = not self._wake_pending
+            self._wake_pending = True
+        if wake:
+            self.loop.call_soon_threadsafe(self._drain)
+        return batch, 0
+
+    def _new_batch(self, tp: TopicPartition, data: bytes) -> Batch:
         batch = Batch(tp, self._future(), time.monotonic())
         batch.count, batch.nbytes, batch.open = 1, len(data), False
-
-        def done(msg_id: int, error: MetaClientError | None) -> None:
-            batch.first_id, batch.offset, batch.error = msg_id, -1, error
-            batch.complete()
-
-        if not self._threadsafe:
-            tx.put(tp, data, flag, done)
-            return batch
-        self._handoff.append((tx, tp, data, flag, done))
-        if not self._wake_pending:
-            self._wake_pending = True
-            self.loop.call_soon_threadsafe(self._drain)
         return batch
 
     def _drain(self) -> None:
-        """(loop) Hand every queued put to its transaction, in the order they were sent."""
-        self._wake_pending = False  # a put queued from now on schedules another drain
-        handoff = self._handoff
-        while handoff:
-            tx, tp, data, flag, done = handoff.popleft()
-            tx.put(tp, data, flag, done)
+        """(loop) Hand every queued batch to its transaction, in the order they were sent."""
+        with self._lock:
+            self._wake_pending = False  # a put queued from now on schedules another drain
+            self._open.clear()
+            handoff, self._handoff = self._handoff, []
+        for tx, tp, batch, items in handoff:
+            tx.put(tp, items, partial(_done, batch))
 
     def close(self) -> None:
         """(loop thread) Close the transactions' connections (the broker rolls back whatever
         local transaction is still open on them)."""
         if self._pool is not None:
             self._pool.close()
+
+
+def _done(batch: Batch, first_id: int, error: MetaClientError | None) -> None:
+    """A batch's put answered: its messages have ids ``first_id ..`` (offsets come at commit)."""
+    batch.first_id, batch.offset, batch.error = first_id, -1, error
+    batch.complete()
 
 
 DEFAULT_REQUEST_TIMEOUT_S = DEFAULT_TX_REQUEST_TIMEOUT_S

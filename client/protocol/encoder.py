@@ -129,6 +129,10 @@ def _batch(verb: str, cmd: BatchPutCommand | BatchSyncCommand) -> tuple[bytes, B
     ]
     if isinstance(cmd, BatchPutCommand):
         head += _idempotence(cmd)
+        if cmd.tx_key is not None:
+            if cmd.producer_id is not None:
+                raise LocalProtocolError("a transactional bput is not idempotent (no producer id)")
+            head.append(_tx_key(cmd.tx_key))
     elif cmd.offset is not None:
         if not isinstance(cmd.offset, int) or not 0 <= cmd.offset < 1 << 63:
             raise LocalProtocolError(f"offset {cmd.offset!r} is not a non-negative int64")

@@ -129,14 +129,16 @@ class PutCommand:
 
 @dataclass(frozen=True, slots=True)
 class BatchPutCommand:
-    """pymetaq ``bput <topic> <partition> <len> <count> <checksum> [<producerId> <sequence>]
-    <opaque>\\r\\n<body>``.
+    """pymetaq ``bput <topic> <partition> <len> <count> <checksum> [<producerId> <sequence> |
+    <txKey>] <opaque>\\r\\n<body>``.
 
     ``body`` = ``count`` complete records (ids 0); ``checksum`` = CRC32(body) & 0x7FFFFFFF or
     ``None`` (``-1``).  The parser hands out a fresh ``bytearray`` (one copy off the wire).
     The 9-token idempotent form adds ``producer_id`` (32 lowercase hex digits, a UUID) and
     ``sequence`` (the batch's number for this producer and partition, 0 .. INT32_MAX, then 0
-    again); both are ``None`` in the 7-token form.
+    again); both are ``None`` in the 7-token form.  The 8-token transactional form adds
+    ``tx_key`` (the ``<txKey>`` of a transactional ``put``; ``null`` parses as ``None``): the
+    records go into that transaction, as that many transactional puts would.
     """
 
     topic: str
@@ -147,6 +149,7 @@ class BatchPutCommand:
     opaque: int = 0
     producer_id: str | None = None
     sequence: int | None = None
+    tx_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ followed by a body when the verb carries a length token:
 |----------|--------|----------|--------------|------------------------|
 | put      | server | 6, 7, 8  | 3            | ``Limits.max_body``    |
 | sync     | server | 7, 8     | 3            | ``Limits.max_body``    |
-| bput     | server | 7, 9     | 3            | ``Limits.max_batch_body`` |
+| bput     | server | 7, 8, 9  | 3            | ``Limits.max_batch_body`` |
 | bsync    | server | 7, 8     | 3            | ``Limits.max_batch_body`` |
 | get      | server | 7, 8     | -            |                        |
 | offset   | server | 6        | -            |                        |
@@ -187,12 +187,17 @@ def _put(t: Tokens, body: Body) -> PutCommand:
 
 
 def _bput(t: Tokens, body: Body) -> BatchPutCommand:
-    _need(t, 7, 9)
+    _need(t, 7, 8, 9)
     assert isinstance(body, bytearray)
     count = _int(t[4], "count", 0)
     producer_id: str | None = None
     sequence: int | None = None
-    if len(t) == 9:
+    tx_key: str | None = None
+    if len(t) == 8:
+        tx_key = _tx_key(t[6])
+        if tx_key == "null":
+            tx_key = None
+    elif len(t) == 9:
         if not _PRODUCER_ID.fullmatch(t[6]):
             raise _Bad("invalid producer id (32 lowercase hex digits)")
         producer_id, sequence = t[6].decode("ascii"), _int(t[7], "sequence", 0)
@@ -205,6 +210,7 @@ def _bput(t: Tokens, body: Body) -> BatchPutCommand:
         _int(t[-1], "opaque"),
         producer_id,
         sequence,
+        tx_key,
     )
 
 

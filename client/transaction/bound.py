@@ -8,12 +8,15 @@ binding and its sends join the transaction; one created elsewhere does not).
 :class:`TransactionBinding` holds one ``ContextVar`` per producer (read by the producer's send
 path once the producer has used transactions) and counts the bound transactions.
 
-**Put pipe.** :class:`PutPipe` writes a transaction's messages as transactional ``put``\\ s on
-one connection, in the order the sends were made: the first send starts opening the
-connection (and, for a local transaction, sends BEGIN); sends made meanwhile wait in a backlog
-and are written in order once it is open; later ones are written at once (pipelined). Each
-put's reply completes that message's ``done(msg_id, error)``; the first failure is kept:
-a transaction with a failed, timed-out or unanswered put can only be rolled back.
+**Put pipe.** :class:`PutPipe` writes a transaction's messages on one connection, in the
+order the sends were made per partition, as pymetaq's transactional ``bput`` (8 tokens,
+``docs/protocol.md``): the first send starts opening the connection (and, for a local
+transaction, sends BEGIN); sends made meanwhile wait in a backlog and are written once it is
+open; later ones are queued and written at the end of the loop iteration, so the sends of
+one burst share requests (each partition's messages as ``bput``\\ s of up to 4096 records /
+~1 MiB), pipelined. Each reply completes its messages' ``done(msg_id, error)`` (consecutive
+ids); the first failure is kept: a transaction with a failed, timed-out or unanswered put can
+only be rolled back.
 :meth:`PutPipe.settle` waits until every put is answered.
 
 Thread-safety: :class:`TransactionBinding` is thread-safe; :meth:`BoundTransaction.pin` may be
@@ -36,12 +39,21 @@ from pymetaq.client.transaction.errors import (
     TransactionClosed,
     TransactionInProgress,
 )
-from pymetaq.client.transaction.wire import put_msg_id, tx_put
+from pymetaq.client.transaction.wire import bput_first_id, tx_bput
 from pymetaq.client.transport.connection import BrokerConnection, Reply
 from pymetaq.client.types import TopicPartition
+from pymetaq.storage.record import HEADER_SIZE
 
 #: ``done(msg_id, error)``: a put's outcome (msg_id -1 on failure)
 PutDone = Callable[[int, MetaClientError | None], object]
+Item = tuple[bytes, int]  # a message's data and flag
+_Put = tuple["TopicPartition", list[Item], PutDone]  # partition, messages, done
+
+#: one transactional ``bput`` carries at most this many records (the broker gives a batch
+#: consecutive ids within one millisecond: ``pymetaq.storage.batch.MAX_BATCH_RECORDS``)
+MAX_BATCH_RECORDS = 4096
+#: and about this many bytes (one record alone may be larger)
+MAX_BATCH_BYTES = 1 << 20
 
 
 class BoundTransaction:
@@ -71,7 +83,9 @@ class BoundTransaction:
                 f"of a transaction go to partitions of one broker)"
             )
 
-    def put(self, tp: TopicPartition, data: bytes, flag: int, done: PutDone) -> None:
+    def put(self, tp: TopicPartition, items: list[Item], done: PutDone) -> None:
+        """Put messages ``items`` (``(data, flag)``, in order) into the transaction;
+        ``done(first_msg_id, error)`` once the broker answered (ids are consecutive)."""
         raise NotImplementedError
 
 
@@ -137,7 +151,9 @@ class PutPipe:
         self.failure: MetaClientError | None = None
         self.messages = 0
         self._opening: asyncio.Task[None] | None = None
-        self._backlog: list[tuple[TopicPartition, bytes, int, PutDone]] = []
+        self._backlog: list[_Put] = []  # while the connection opens
+        self._queued: list[_Put] = []  # until the next flush (this loop iteration)
+        self._flush_scheduled = False
         self._pending: set[asyncio.Future[Reply]] = set()
         self._key = ""
 
@@ -150,16 +166,19 @@ class PutPipe:
         """Something was sent (or is being sent): there is a transaction on the broker side."""
         return self._opening is not None
 
-    def write(self, key: str, tp: TopicPartition, data: bytes, flag: int, done: PutDone) -> None:
-        """(loop thread) Put one message into the transaction, after every earlier one."""
+    def write(self, key: str, tp: TopicPartition, items: list[Item], done: PutDone) -> None:
+        """(loop thread) Put messages into the transaction, after every earlier one."""
         self._key = key
         if self.conn is not None:
-            self._send(tp, data, flag, done)
+            self._queued.append((tp, items, done))
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._flush)
             return
         if self._opening is not None and self._opening.done():  # opening failed
             done(-1, self.failure or ConnectionLost("the transaction's connection failed"))
             return
-        self._backlog.append((tp, data, flag, done))
+        self._backlog.append((tp, items, done))
         if self._opening is None:
             self._opening = self.loop.create_task(self._open())
 
@@ -169,19 +188,49 @@ class PutPipe:
         except MetaClientError as e:
             self.fail(e)
             backlog, self._backlog = self._backlog, []
-            for _, _, _, done in backlog:
+            for _, _, done in backlog:
                 done(-1, e)
             return
         self.conn = conn
         backlog, self._backlog = self._backlog, []
-        for tp, data, flag, done in backlog:
-            self._send(tp, data, flag, done)
+        self._send_all(backlog)
 
-    def _send(self, tp: TopicPartition, data: bytes, flag: int, done: PutDone) -> None:
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        queued, self._queued = self._queued, []
+        self._send_all(queued)
+
+    def _send_all(self, puts: list[_Put]) -> None:
+        """Write ``puts``, in order per partition: each partition's puts go out together as
+        transactional ``bput``\\ s of at most :data:`MAX_BATCH_RECORDS` records and about
+        :data:`MAX_BATCH_BYTES` (one put is never split).  Messages of different partitions
+        have no order among them (each partition's messages are appended at commit)."""
+        by_tp: dict[TopicPartition, list[_Put]] = {}
+        for put in puts:
+            by_tp.setdefault(put[0], []).append(put)
+        for tp, group in by_tp.items():
+            run: list[_Put] = []
+            count = size = 0
+            for put in group:
+                items = put[1]
+                more = sum([len(data) for data, _ in items]) + HEADER_SIZE * len(items)
+                if run and (
+                    count + len(items) > MAX_BATCH_RECORDS or size + more > MAX_BATCH_BYTES
+                ):
+                    self._send(tp, run, count)
+                    run, count, size = [], 0, 0
+                run.append(put)
+                count += len(items)
+                size += more
+            self._send(tp, run, count)
+
+    def _send(self, tp: TopicPartition, run: list[_Put], count: int) -> None:
         assert self.conn is not None
-        cmd = tx_put(tp.topic, tp.partition, data, flag, self._key)
-        fut = self.conn.send_request(cmd, self.request_timeout_s, partial(self._on_put, done))
-        self._pending.add(fut)
+        records = run[0][1] if len(run) == 1 else [item for _, items, _ in run for item in items]
+        cmd = tx_bput(tp.topic, tp.partition, records, self._key)
+        dones = [(done, len(items)) for _, items, done in run]
+        on_done = partial(self._on_put, dones, count)
+        self._pending.add(self.conn.send_request(cmd, self.request_timeout_s, on_done))
 
     def track(self, fut: asyncio.Future[Reply], check: Callable[[Reply], object]) -> None:
         """Count ``fut`` (e.g. a pipelined BEGIN) among the requests :meth:`settle` waits for;
@@ -197,19 +246,24 @@ class PutPipe:
         self._pending.add(fut)
         fut.add_done_callback(settled)
 
-    def _on_put(self, done: PutDone, fut: asyncio.Future[Reply]) -> None:
+    def _on_put(
+        self, dones: list[tuple[PutDone, int]], count: int, fut: asyncio.Future[Reply]
+    ) -> None:
         self._pending.discard(fut)
         try:
             reply = fut.result()
             if not isinstance(reply, ResultReply):
-                raise ConnectionLost(f"unexpected reply to a transactional put: {reply!r}")
-            msg_id = put_msg_id(reply)
+                raise ConnectionLost(f"unexpected reply to a transactional bput: {reply!r}")
+            first = bput_first_id(reply, count)
         except MetaClientError as e:
             self.fail(e)
-            done(-1, e)
+            for done, _ in dones:
+                done(-1, e)
             return
-        self.messages += 1
-        done(msg_id, None)
+        self.messages += count
+        for done, n in dones:
+            done(first, None)
+            first += n
 
     def fail(self, error: MetaClientError) -> None:
         if self.failure is None:
@@ -219,6 +273,8 @@ class PutPipe:
         """Wait until the connection is open and every put is answered; the first failure."""
         if self._opening is not None:
             await asyncio.shield(self._opening)
+        if self._queued:
+            self._flush()
         while self._pending:
             await asyncio.wait(list(self._pending))
             await asyncio.sleep(0)  # let done-callbacks (BEGIN's check) run

@@ -41,6 +41,7 @@ from pymetaq.client.errors import ClientClosed, MetaClientError, NoBrokerAvailab
 from pymetaq.client.protocol import ResultReply, TransactionType
 from pymetaq.client.transaction.bound import (
     BoundTransaction,
+    Item,
     PutDone,
     PutPipe,
     TransactionBinding,
@@ -164,12 +165,12 @@ class LocalTransaction(BoundTransaction):
         self.pipe = _LocalPipe(self)
         self.outcome = "open"  # open | committed | rolled back | unknown
 
-    def put(self, tp: TopicPartition, data: bytes, flag: int, done: PutDone) -> None:
+    def put(self, tp: TopicPartition, items: list[Item], done: PutDone) -> None:
         """(loop thread) Add one message (its partition is on the pinned broker)."""
         if self.finished:
             done(-1, closed_error(self))
             return
-        self.pipe.write(self.key, tp, data, flag, done)
+        self.pipe.write(self.key, tp, items, done)
 
     def _cmd(self, kind: TransactionType) -> Any:
         return tx_command(self.key, self.session_id, kind)

@@ -5,6 +5,10 @@
 * :func:`tx_put` — the 8-token ``put <topic> <partition> <len> <flag> <checksum> <txKey>
   <opaque>`` (``SimpleMessageProducer.send0``: the checksum is always sent);
   :func:`put_msg_id` reads its reply ``"<msgId> <partition> -1"``.
+* :func:`tx_bput` — pymetaq's transactional ``bput`` (8 tokens: ``... <checksum> <txKey>
+  <opaque>``), several messages of one transaction and partition in one request, which
+  pymetaq's producer sends; :func:`bput_first_id` reads its reply
+  ``"<firstMsgId> <partition> -1 <count>"``.
 * :func:`xa_request` — one XA command; a failure is an :class:`XAError` exactly as
   ``TransactionContext.syncSendXATxCommand`` makes it: the broker's
   ``XAException:code=<n>,msg=<text>``, XAER_RMERR for any other error reply, XAER_RMFAIL when
@@ -21,12 +25,20 @@ from __future__ import annotations
 import itertools
 import socket
 import time
+from collections.abc import Sequence
 
 from pymetaq.client.errors import MetaClientError, error_for_reply
-from pymetaq.client.protocol import PutCommand, ResultReply, TransactionCommand, TransactionType
+from pymetaq.client.protocol import (
+    BatchPutCommand,
+    PutCommand,
+    ResultReply,
+    TransactionCommand,
+    TransactionType,
+)
 from pymetaq.client.transaction.errors import XAER_RMFAIL, XAError, xa_error_from_body
 from pymetaq.client.transport.connection import BrokerConnection
 from pymetaq.storage.checksum import checksum
+from pymetaq.storage.record import encode_record
 
 #: MetaQ's ``transactionRequestTimeoutInMills`` default: 5 s for every transaction command
 DEFAULT_TX_REQUEST_TIMEOUT_S = 5.0
@@ -65,6 +77,29 @@ def tx_command(
 def tx_put(topic: str, partition: int, data: bytes, flag: int, key: str) -> PutCommand:
     """A transactional put (the 8-token form, with the data's checksum)."""
     return PutCommand(topic, partition, data, flag, checksum(data), key)
+
+
+def tx_bput(
+    topic: str, partition: int, records: Sequence[tuple[bytes, int]], key: str
+) -> BatchPutCommand:
+    """A transactional ``bput`` (8 tokens, pymetaq): ``records`` = (data, flag) in order."""
+    body = b"".join([encode_record(data, flag) for data, flag in records])
+    return BatchPutCommand(topic, partition, body, len(records), checksum(body), 0, tx_key=key)
+
+
+def bput_first_id(reply: ResultReply, count: int) -> int:
+    """The first message id of a transactional ``bput``'s reply
+    (``"<firstMsgId> <partition> -1 <count>"``), or the reply's error (raised)."""
+    if reply.code != 200:
+        raise error_for_reply(reply.code, reply.body)
+    fields = bytes(reply.body).split(b" ")
+    try:
+        first, stored = int(fields[0]), int(fields[3])
+    except (ValueError, IndexError):
+        raise error_for_reply(500, b"unexpected bput reply: " + bytes(reply.body[:80])) from None
+    if stored != count:
+        raise error_for_reply(500, b"bput reply counts %d records, %d were sent" % (stored, count))
+    return first
 
 
 def put_msg_id(reply: ResultReply) -> int:

@@ -47,6 +47,7 @@ from pymetaq.client.errors import MetaClientError
 from pymetaq.client.protocol import TransactionType, XidKey, format_tx_key, parse_tx_key
 from pymetaq.client.transaction.bound import (
     BoundTransaction,
+    Item,
     PutDone,
     PutPipe,
     TransactionBinding,
@@ -143,11 +144,11 @@ class XABranch(BoundTransaction):
         self.pin(broker_id, host.broker_url(broker_id))
         self.pipe = pipe
 
-    def put(self, tp: TopicPartition, data: bytes, flag: int, done: PutDone) -> None:
+    def put(self, tp: TopicPartition, items: list[Item], done: PutDone) -> None:
         if self.finished:
             done(-1, closed_error(self))
             return
-        self.pipe.write(self.key, tp, data, flag, done)
+        self.pipe.write(self.key, tp, items, done)
 
 
 class _SharedPipe(PutPipe):

@@ -39,13 +39,12 @@ Thread-safe: immutable values and pure functions.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from pymetaq.client.errors import CorruptMessage
 from pymetaq.client.types import Message
-from pymetaq.storage.checksum import MASK31
+from pymetaq.storage.checksum import MASK31, crc32
 from pymetaq.storage.record import (
     FLAG_ATTRIBUTE,
     FLAG_LZ4_BATCH,
@@ -59,7 +58,7 @@ from pymetaq.storage.record import (
 )
 
 _pack_header: Callable[..., bytes] = HEADER.pack
-_crc32 = zlib.crc32
+_crc32 = crc32  # ISA-L's when installed (storage.checksum)
 
 
 #: ``_new(Message, (topic, partition, offset, id, value, attribute, next_offset, broker_id,

@@ -28,8 +28,17 @@ time (``prometheus_client``), so the put path pays nothing for them.
 | ``pymetaq_group_commit_batch_bytes`` / ``_messages`` | histogram |                        |
 | ``pymetaq_retention_runs_total``                     | counter   |                        |
 | ``pymetaq_retention_removed_segments_total`` / ``_bytes_total`` | counter | action    |
+| ``pymetaq_retention_unconsumed_segments_total``      | counter   | topic, group           |
+| ``pymetaq_retention_unconsumed_bytes_total`` / ``_messages_total`` | counter | topic, group |
 | ``pymetaq_disk_free_bytes`` / ``_size_bytes``        | gauge     | path                   |
 | ``pymetaq_min_free_disk_bytes``                      | gauge     |                        |
+
+The ``retention_unconsumed`` counters (``deletePolicy=consumed``): segments the
+``maxRetention`` cap removed before a named group had consumed them, per group (one segment
+counts once for each group that had not passed its end), and the bytes and messages of those
+segments that group had not consumed (from its committed offset, or the whole segment).  The
+groups a topic's policy names are exported at 0 from the start (``*`` groups appear with their
+first loss).
 
 Messages *out* are not counted: a get reply is a slice of the log sent with ``sendfile`` and
 never parsed, so the broker knows the bytes it sent, not how many records they held (Kafka
@@ -57,6 +66,7 @@ from prometheus_client.registry import Collector
 
 from pymetaq.server.monitor import views
 from pymetaq.server.stats import VERSION
+from pymetaq.storage.config import parse_delete_policy
 from pymetaq.storage.metrics import HistogramSnapshot
 
 if TYPE_CHECKING:
@@ -203,6 +213,20 @@ class BrokerCollector(Collector):
             monitor.lag.evicted,
         )
 
+    def _named_groups(self) -> set[tuple[str, str]]:
+        """(topic, group) of every named group of a ``consumed`` policy: each configured topic
+        and each open log (pattern topics)."""
+        config = self.broker.config
+        topics = {tc.name for tc in config.topics if not tc.is_pattern}
+        topics |= {plog.topic for plog in self.broker.store.logs()}
+        out: set[tuple[str, str]] = set()
+        for topic in topics:
+            tc = config.topic_config(topic)
+            if tc is not None and tc.retains_until_consumed:
+                groups = parse_delete_policy(tc.delete_policy).groups or ()
+                out.update((topic, g) for g in groups)
+        return out
+
     def _storage(self) -> Iterator[Metric]:
         snap = self.broker.store.metrics.snapshot()
         yield _histogram(
@@ -232,6 +256,7 @@ class BrokerCollector(Collector):
             segs.add_metric([action], n)
             nbytes.add_metric([action], b)
         yield from (segs, nbytes)
+        yield from _unconsumed(snap.unconsumed_removed, self._named_groups())
         free = GaugeMetricFamily(
             "pymetaq_disk_free_bytes", "free bytes for the broker", labels=["path"]
         )
@@ -245,3 +270,23 @@ class BrokerCollector(Collector):
             "minFreeDiskBytes: puts are refused below it",
             self.broker.config.system.min_free_disk_bytes,
         )
+
+
+def _unconsumed(
+    lost: dict[tuple[str, str], tuple[int, int, int]], named: set[tuple[str, str]]
+) -> Iterator[Metric]:
+    """What ``maxRetention`` removed before a named group consumed it, per (topic, group);
+    ``named`` (topic, group) pairs are exported at 0 until they lose something, so that
+    ``increase()`` sees the first loss."""
+    lost = {**dict.fromkeys(named, (0, 0, 0)), **lost}
+    what = "removed by maxRetention before the group consumed them"
+    families = [
+        CounterMetricFamily(
+            f"pymetaq_retention_unconsumed_{unit}", f"{unit} {what}", labels=["topic", "group"]
+        )
+        for unit in ("segments", "bytes", "messages")
+    ]
+    for (topic, group), values in sorted(lost.items()):
+        for family, value in zip(families, values):
+            family.add_metric([topic, group], value)
+    yield from families

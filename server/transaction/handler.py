@@ -7,6 +7,7 @@
 | ``transaction <key> <sid> BEGIN ...``     | 200, empty body                                    |
 | ``put ... <key> <opaque>`` (tx key)       | 200 ``<msgId> <partition> -1``; ``msgId`` is the   |
 |                                           | id the message carries in the log once committed   |
+| ``bput ... <key> <opaque>`` (8 tokens)    | 200 ``<firstMsgId> <partition> -1 <count>``        |
 | ``... PREPARE``                           | 200 ``0`` (XA_OK) or ``3`` (XA_RDONLY: no work)    |
 | ``... COMMIT_ONE_PHASE/COMMIT_TWO_PHASE`` | 200, empty, once every message is durable in its   |
 |                                           | partition (the topic's policy) and the decision in |
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pymetaq.client.protocol import (
+    BatchPutCommand,
     PutCommand,
     TransactionCommand,
     TransactionType,
@@ -41,6 +43,7 @@ from pymetaq.client.protocol import (
 )
 from pymetaq.server.transaction.manager import Counters, TransactionManager, Tx, canonical_key
 from pymetaq.server.transaction.xa import TxError
+from pymetaq.storage import InvalidRecords
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.flags import flag_problem
 from pymetaq.storage.txjournal import Outcome
@@ -103,15 +106,23 @@ class TxHandler:
         return reply
 
     # -- transactional put -----------------------------------------------------------------------
-    def on_put(self, conn: Connection, cmd: PutCommand, target: PutTarget) -> None:
+    def _tx_of(self, conn: Connection, cmd: PutCommand | BatchPutCommand) -> Tx | None:
+        """The transaction a put or bput adds to, or None (answered: not begun, finishing,
+        partition -1)."""
         assert cmd.tx_key is not None
         try:
             tx = self.manager.for_put(conn, cmd.tx_key)
         except TxError as exc:
             self._put_failed(conn, cmd.opaque, str(exc))
-            return
+            return None
         if cmd.partition == -1:
             self._put_failed(conn, cmd.opaque, "Invalid partition for transaction command:-1")
+            return None
+        return tx
+
+    def on_put(self, conn: Connection, cmd: PutCommand, target: PutTarget) -> None:
+        tx = self._tx_of(conn, cmd)
+        if tx is None:
             return
         crc = checksum(cmd.data)
         if cmd.checksum is not None and cmd.checksum != crc:
@@ -130,6 +141,29 @@ class TxHandler:
         if target(conn, cmd.topic, cmd.partition, cmd.opaque) is None:
             return  # unknown topic, closed for publish, partition out of range: answered
         self._add(conn, cmd, tx, crc)
+
+    def on_bput(
+        self, conn: Connection, cmd: BatchPutCommand, body: bytearray, target: PutTarget
+    ) -> None:
+        """A transactional ``bput`` (pymetaq): its records join the transaction as that many
+        transactional puts would, with one journal write; the reply is
+        ``200 "<firstMsgId> <partition> -1 <count>"`` (ids ``firstMsgId ..`` in record order)."""
+        tx = self._tx_of(conn, cmd)
+        if tx is None:
+            return
+        if target(conn, cmd.topic, cmd.partition, cmd.opaque) is None:
+            return  # unknown topic, closed for publish, partition out of range: answered
+        try:
+            first, count = self.manager.add_batch(
+                tx, cmd.topic, cmd.partition, body, self.max_record
+            )
+        except InvalidRecords as exc:
+            self._put_failed(conn, cmd.opaque, f"invalid records: {exc.reason}", 400)
+            return
+        except TxError as exc:
+            self._put_failed(conn, cmd.opaque, str(exc))
+            return
+        conn.result(200, b"%d %d -1 %d" % (first, cmd.partition, count), cmd.opaque)
 
     def _add(self, conn: Connection, cmd: PutCommand, tx: Tx, crc: int) -> None:
         try:

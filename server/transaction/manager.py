@@ -58,6 +58,8 @@ from pymetaq.server.transaction.xa import (
     XAError,
 )
 from pymetaq.storage import StorageError
+from pymetaq.storage.batch import split_records, stamp_batch
+from pymetaq.storage.ids import IdWorker
 from pymetaq.storage.record import HEADER
 from pymetaq.storage.txjournal import CommitResult, HeldTx, JournalError, Outcome, TxStore
 
@@ -125,11 +127,12 @@ class TransactionManager:
         limits: TxLimits,
         loop: asyncio.AbstractEventLoop,
         stats: Counters,
-        next_id: Callable[[], int],
+        ids: IdWorker,
     ) -> None:
         self.store, self.limits, self.loop = store, limits, loop
         self.stats = stats
-        self._next_id = next_id
+        self._ids = ids
+        self._next_id = ids.next_id
         self._xa: dict[str, Tx] = {}
         self._local: dict[Any, dict[str, Tx]] = {}
         self._expired: collections.OrderedDict[str, str] = collections.OrderedDict()
@@ -233,6 +236,26 @@ class TransactionManager:
             raise TxError(f"Put message failed: transaction log: {exc}") from exc
         tx.state = TxState.IN_USE
         return msg_id
+
+    def add_batch(
+        self, tx: Tx, topic: str, partition: int, body: bytearray, max_data: int
+    ) -> tuple[int, int]:
+        """Journal and hold the records of a transactional ``bput`` (one journal write):
+        ``(first id, count)``; the records get consecutive ids.  Raises :class:`InvalidRecords`
+        (bad framing, CRC or flag, a record over ``max_data``: nothing is held) or TxError."""
+        if self.store.held_bytes + len(body) > self.limits.max_held_bytes:
+            raise TxError(
+                f"Put message failed: transactions on this broker already hold "
+                f"{self.store.held_bytes} bytes (maxTxHeldBytes={self.limits.max_held_bytes})"
+            )
+        first, count = stamp_batch(self._ids, body, max_data)
+        records = split_records(body, count)
+        try:
+            self.store.add_many(tx.held, topic, partition, records)
+        except JournalError as exc:
+            raise TxError(f"Put message failed: transaction log: {exc}") from exc
+        tx.state = TxState.IN_USE
+        return first, count
 
     # -- PREPARE / COMMIT / ROLLBACK -------------------------------------------------------------
     def prepare(self, owner: Any, key: str, reply: Reply) -> None:

@@ -76,7 +76,7 @@ class TransactionService:
             max_timeout_s=s.max_tx_timeout_seconds,
         )
         self._loop = loop
-        self.manager = TransactionManager(self.store, limits, loop, stats, self._ids.next_id)
+        self.manager = TransactionManager(self.store, limits, loop, stats, self._ids)
         self.manager.restore(self.recovery.prepared)
         self.handler = TxHandler(self.manager, stats, s.max_put_size)
 

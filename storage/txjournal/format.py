@@ -195,6 +195,24 @@ def encode(rec: Record) -> bytes:
     return frame(_body(rec))
 
 
+def encode_puts(tid: int, topic: str, partition: int, records: list[bytes]) -> bytes:
+    """The framed PUT records of several records of one transaction and partition: the same
+    bytes as ``encode(Put(...))`` for each, with the common part of the body built once."""
+    common = bytes((RecType.PUT,)) + _U64.pack(tid) + _s(topic) + _I32.pack(partition)
+    crc32, n_common = zlib.crc32, len(common)
+    out: list[bytes] = []
+    append = out.append
+    for r in records:
+        n = n_common + len(r)
+        if n > MAX_BODY:
+            raise ValueError(f"journal record body of {n} bytes")
+        head = n.to_bytes(4, "big")
+        append(head + (crc32(r, crc32(common, crc32(head))) & 0xFFFFFFFF).to_bytes(4, "big"))
+        append(common)
+        append(r)
+    return b"".join(out)
+
+
 def _body(rec: Record) -> bytes:
     if isinstance(rec, Put):
         head = bytes((RecType.PUT,)) + _U64.pack(rec.tid) + _s(rec.topic)

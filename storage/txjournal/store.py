@@ -64,6 +64,7 @@ from pymetaq.storage.txjournal.format import (
     Put,
     Rollback,
     encode,
+    encode_puts,
 )
 from pymetaq.storage.txjournal.journal import JournalConfig, JournalError, JournalPos, TxJournal
 
@@ -250,6 +251,27 @@ class TxStore:
         tx.nbytes += len(record)
         tx.count += 1
         self.held_bytes += len(record)
+
+    def add_many(self, tx: HeldTx, topic: str, partition: int, records: list[bytes]) -> None:
+        """Journal and hold several records with ONE journal write (a transactional ``bput``):
+        the same PUT records :meth:`add` writes one by one, so replay cannot tell them apart."""
+        if tx.state is not HeldState.OPEN:
+            raise ValueError(f"transaction {tx.key} is {tx.state.value}")
+        if not records:
+            return
+        tid = tx.tid
+        data = encode_puts(tid, topic, partition, records)
+        if tx.first is None:
+            start, _ = self._write(encode(Begin(tid, tx.xa, tx.key)) + data)
+            tx.first = start
+            self._live[tid] = tx
+        else:
+            self._write(data)
+        tx.parts.setdefault((topic, partition), []).extend(records)
+        nbytes = sum(map(len, records))
+        tx.nbytes += nbytes
+        tx.count += len(records)
+        self.held_bytes += nbytes
 
     def prepare(self, tx: HeldTx, done: Done) -> None:
         """Journal PREPARE; ``done`` once it is durable (raises JournalError if unwritable)."""

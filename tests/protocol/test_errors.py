@@ -67,8 +67,14 @@ NON_FATAL: list[tuple[Role, bytes, str, int | None]] = [
     (Role.SERVER, b"bput t 0 2 1 -1 " + b"ab" * 16 + b" -1 3\r\nhi", "sequence out of range", 3),
     (
         Role.SERVER,
+        b"bput t 0 2 1 -1 " + b"ab" * 16 + b" 0 x 3\r\nhi",
+        "invalid bput command: 10 tokens",
+        3,
+    ),
+    (  # 8 tokens: a transactional bput, whose key slot holds no transaction key
+        Role.SERVER,
         b"bput t 0 2 1 -1 " + b"ab" * 16 + b" 3\r\nhi",
-        "invalid bput command: 8 tokens",
+        "illegal transaction key",
         3,
     ),
     (Role.SERVER, b"transaction TX:s:1 s FOO 9\r\n", "unknown transaction type", 9),

@@ -153,6 +153,16 @@ SERVER_CASES: list[tuple[bytes, Event, bool]] = [
         BatchPutCommand("t", 2, RECORDS, 2, None, 17, "ab" * 16, 7),
         True,
     ),
+    (  # the transactional form: the transaction's key before the opaque
+        b"bput t 1 %d 2 %d TX:s-1-1:3 20\r\n" % (len(RECORDS), RECORDS_CRC) + RECORDS,
+        BatchPutCommand("t", 1, RECORDS, 2, RECORDS_CRC, 20, tx_key="TX:s-1-1:3"),
+        True,
+    ),
+    (  # "null": no transaction (as a put's key), a plain bput
+        b"bput t 1 %d 2 -1 null 21\r\n" % len(RECORDS) + RECORDS,
+        BatchPutCommand("t", 1, RECORDS, 2, None, 21),
+        False,
+    ),
 ]
 CLIENT_CASES: list[tuple[bytes, Event, bool]] = [
     # put reply: "<msgId> <partition> <offset>"
@@ -288,6 +298,12 @@ def test_trailing_spaces_are_dropped_as_java_split_does() -> None:
     assert parser.next_event() == PutCommand("t", 0, b"hello", 0, None, None, 1, PutForm.LEGACY)
     assert parser.next_event() == StatsCommand("", MAX_OPAQUE)
     assert parser.next_event() == GetCommand("t", "g", 0, 0, 1024, 2)
+
+
+def test_a_transactional_bput_is_not_idempotent() -> None:
+    cmd = BatchPutCommand("t", 0, RECORDS, 2, None, 1, "ab" * 16, 0, "TX:s-1-1:3")
+    with pytest.raises(LocalProtocolError, match="not idempotent"):
+        encode(cmd)
 
 
 @pytest.mark.parametrize(

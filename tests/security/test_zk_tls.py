@@ -4,6 +4,9 @@ TLS options connects to that address (real ZooKeeper, a real broker)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -60,5 +63,25 @@ def test_zk_discovery_of_the_tls_listener(
             while b"over-tls-via-zk" not in got and time.monotonic() < deadline:
                 got += [m.value for m in c.poll(0.2)]
         assert b"over-tls-via-zk" in got
+        # the commands take the same URL: each broker's master_tls address, over TLS
+        done = cli("stats", "--servers", url, "--json")
+        assert done.returncode == 0, done.stderr
+        assert [d["server"] for d in json.loads(done.stdout)] == [f"meta://127.0.0.1:{tls}"]
+        done = cli("admin", "closed", "--servers", url)
+        assert done.returncode == 0, done.stderr
+        # without the CA the handshake fails: the TLS listener (not the plain port) was asked
+        done = cli(
+            "stats", "--servers", f"zk://{zk_server.hosts}{chroot}/meta?verify_hostname=true"
+        )
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     # the client's connections are TLS (its security is TLS): the plain port would refuse the
     # handshake, so reaching the broker at all proves the master_tls address was used
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pymetaq.server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )

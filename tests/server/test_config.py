@@ -104,7 +104,7 @@ def test_every_metaq_key_is_accepted(tmp_path: Path) -> None:
     assert t.data_path == str(tmp_path / "t")
     assert t.group_filters == (("g1", "com.example.Filter"),)
     assert cfg.system.data_log_path == str(tmp_path / "l")
-    assert len(metaq) + 16 == len(SYSTEM_KEYS) and len(zk) == len(ZK_KEYS)  # + pymetaq extensions
+    assert len(metaq) + 20 == len(SYSTEM_KEYS) and len(zk) == len(ZK_KEYS)  # + pymetaq extensions
 
 
 def test_topic_keys_inherit_system_and_patterns_match_after_exact_names(tmp_path: Path) -> None:
@@ -202,12 +202,93 @@ def test_arithmetic_rejects_everything_else(expr: str) -> None:
             "cfg.ini:3: key 'brokerId' given twice in section [system]",
         ),
         ("[system]\njunk\n", "cfg.ini:2: expected 'key=value', got 'junk'"),
+        (
+            "[zookeeper]\nzk.zkEnable=true\n[topic=t]\ndeletePolicy=consumed,a,b\n",
+            "cfg.ini:4: bad value for 'deletePolicy' in section [topic=t]: 'consumed,a,b' must "
+            "look like 'delete,168', 'archive,168,true' or 'consumed,<group>+<group>,1' (the "
+            "third field 'b' is not a minimum age N[s|m|h]; several groups are joined with '+' "
+            "(consumed,a+b))",
+        ),
+        (
+            "[system]\ndeletePolicy=consumed,a b\n[topic=t]\n",
+            "cfg.ini:2: bad value for 'deletePolicy' in section [system]: 'consumed,a b' must "
+            "look like 'delete,168', 'archive,168,true' or 'consumed,<group>+<group>,1' (group "
+            "name 'a b' contains ' '; MetaQ forbids ' !\"#$%&\\'()*+,./:;<=>?[]^`~' and spaces "
+            "in group names)",
+        ),
+        (
+            "[system]\n[topic=t]\nmaxRetention=1w\n",
+            "cfg.ini:3: bad value for 'maxRetention' in section [topic=t]: '1w' must be an age "
+            "N[s|m|h] (no unit: hours; 0 = no cap) ('1w' is not an age: N[s|m|h] (no unit: "
+            "hours))",
+        ),
+        (
+            "[system]\noffsetStorage=mysql\n[topic=t]\n",
+            "cfg.ini:2: bad value for 'offsetStorage' in section [system]: 'mysql' must be zk "
+            "or sql",
+        ),
+        (
+            "[zookeeper]\nzk.zkEnable=false\n[topic=t]\ndeletePolicy=consumed,*\n",
+            "cfg.ini:3: [topic=t] (line 3) has deletePolicy=consumed, which reads the "
+            "consumers' offsets from ZooKeeper (offsetStorage=zk), but [zookeeper] "
+            "zk.zkEnable=false; enable ZooKeeper, or set offsetStorage=sql and offsetStorageUrl",
+        ),
+        (
+            "[system]\noffsetStorage=sql\n[topic=t]\ndeletePolicy=consumed,g\n",
+            "cfg.ini:2: [topic=t] (line 3) has deletePolicy=consumed with offsetStorage=sql, "
+            "but offsetStorageUrl is empty; set it to the SQLAlchemy URL the consumers commit to",
+        ),
+        (
+            "[system]\nofsetStorageUrl=x\n[topic=t]\n",
+            "cfg.ini:2: unknown key 'ofsetStorageUrl' in section [system]; did you mean "
+            "'offsetStorageUrl'?",
+        ),
+        (
+            "[system]\noffsetStorageUrl=mysql://x\n[topic=t]\n",
+            "cfg.ini:2: bad value for 'offsetStorageUrl' in section [system]: 'mysql://x' must "
+            "be a SQLAlchemy URL (sqlite:///..., postgresql+psycopg://...)",
+        ),
     ],
 )
 def test_config_errors_name_file_line_section_and_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text, "cfg.ini", cwd="/tmp")
     assert str(info.value) == message
+
+
+def test_consumed_policy_keys() -> None:
+    text = (
+        "[system]\noffsetStorage=sql\noffsetStorageUrl=sqlite:///o.db\nmaxRetention=30m\n"
+        "[topic=a]\ndeletePolicy=consumed,billing+audit,0.5\n"
+        "[topic=b]\ndeletePolicy=consumed,*\nmaxRetention=0\n[topic=c]\n"
+    )
+    cfg = parse_config(text, "cfg.ini", cwd="/tmp")
+    a, b, c = (cfg.topic_config(n) for n in "abc")
+    assert a is not None and b is not None and c is not None
+    assert (a.store_config().max_retention_seconds, b.store_config().max_retention_seconds) == (
+        1800.0,
+        0.0,
+    )
+    assert a.retains_until_consumed and b.retains_until_consumed and not c.retains_until_consumed
+    sys_ = cfg.system
+    assert (sys_.offset_storage, sys_.offset_storage_table) == (
+        "sql",
+        "meta_topic_partition_group_offset",
+    )
+
+
+def test_a_consumed_policy_in_system_is_every_topics_default() -> None:
+    text = (
+        "[system]\ndeletePolicy=consumed,*,2h\n[zookeeper]\nzk.zkEnable=true\n"
+        "[topic=a]\n[topic=b]\ndeletePolicy=delete,1\n"
+    )
+    cfg = parse_config(text, "cfg.ini", cwd="/tmp")
+    a, b = cfg.topic_config("a"), cfg.topic_config("b")
+    assert a is not None and b is not None
+    assert (a.delete_policy, a.retains_until_consumed) == ("consumed,*,2h", True)
+    assert (b.delete_policy, b.retains_until_consumed) == ("delete,1", False)
+    with pytest.raises(ConfigError, match=r"cfg.ini:2: \[system\] has deletePolicy=consumed \("):
+        parse_config(text.replace("zk.zkEnable=true", "zk.zkEnable=false"), "cfg.ini")
 
 
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:

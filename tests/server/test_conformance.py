@@ -389,6 +389,7 @@ def test_stats_items(broker: BrokerProcess, wire: Wire) -> None:
         "lag",
         "transactions",
         "replication",
+        "retention",
     ]
 
 

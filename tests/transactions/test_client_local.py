@@ -20,7 +20,7 @@ from pymetaq.client.transaction import (
 )
 from pymetaq.client.transport.records import join_key
 from pymetaq.storage.checksum import checksum
-from pymetaq.storage.record import decode_data
+from pymetaq.storage.record import decode_data, encode_record
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
 from tests.transactions._helpers import Tap, counters, open_transactions, stored, values
@@ -107,8 +107,9 @@ def test_an_empty_transaction_sends_nothing(broker: BrokerProcess) -> None:
 
 
 def test_requests_are_the_java_clients(broker: BrokerProcess) -> None:
-    """BEGIN lazily with the timeout and no qualifier, 8-token puts with the checksum, then
-    COMMIT_ONE_PHASE (or ROLLBACK), all on one connection (test_java_exchange.py's bytes)."""
+    """BEGIN lazily with the timeout and no qualifier, then COMMIT_ONE_PHASE (or ROLLBACK), as
+    the Java client writes them (test_java_exchange.py's bytes), all on one connection; the
+    messages go as pymetaq's transactional ``bput`` (8 tokens, the body's checksum)."""
     with Tap(broker.address) as tap, Producer(tap.url) as p:
         p.partitions("orders")
         with p.transaction(timeout_s=30) as tx:
@@ -123,15 +124,20 @@ def test_requests_are_the_java_clients(broker: BrokerProcess) -> None:
         tagged = b"\x00\x00\x00\x03taghello"[:7] + b"world"
         lines = [
             " ".join(t for i, t in enumerate(x.split(" ")) if i != len(x.split(" ")) - 1)
-            for x in tap.lines(r"^(transaction|put) ")
+            for x in tap.lines(r"^(transaction|bput) ")
         ]
+
+        def bput(partition: int, data: bytes, flag: int, key: str) -> str:
+            body = encode_record(data, flag)
+            return f"bput orders {partition} {len(body)} 1 {checksum(body)} {key}"
+
         assert lines == [
             f"transaction {tx.key} {sid} BEGIN 30",
-            f"put orders 0 5 0 {checksum(b'hello')} {tx.key}",
-            f"put orders 0 12 1 {checksum(tagged)} {tx.key}",
+            bput(0, b"hello", 0, tx.key),
+            bput(0, tagged, 1, tx.key),
             f"transaction {tx.key} {sid} COMMIT_ONE_PHASE",
             f"transaction {tx2.key} {sid} BEGIN",
-            f"put orders 1 4 0 {checksum(b'gone')} {tx2.key}",
+            bput(1, b"gone", 0, tx2.key),
             f"transaction {tx2.key} {sid} ROLLBACK",
         ]
         # every transaction's requests went over one connection, not the send connection

@@ -33,6 +33,7 @@ from pymetaq.client.transaction.errors import (
     XAER_RMFAIL,
 )
 from pymetaq.storage.checksum import checksum
+from pymetaq.storage.record import encode_record
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
 from tests.transactions._helpers import Tap, open_transactions, values
@@ -80,11 +81,11 @@ def test_two_phase_commit_sends_the_java_clients_requests(broker: BrokerProcess)
         wait_for(lambda: len(values(broker.address, "pay", 2)) == before + 2, what="commit")
         assert a.offset == b.offset == -1 and xa.recover() == []
         sid = p._engine.transactions().ids.session_id
-        lines = [x.rsplit(" ", 1)[0] for x in tap.lines(r"^(transaction|put) ")]
+        lines = [x.rsplit(" ", 1)[0] for x in tap.lines(r"^(transaction|bput) ")]
+        one = [encode_record(b"xa-1", 0), encode_record(b"xa-2", 0)]  # one bput per sync send
         assert lines == [
             f"transaction {key} {sid} BEGIN 30 {q}",
-            f"put pay 0 4 0 {checksum(b'xa-1')} {key}",
-            f"put pay 0 4 0 {checksum(b'xa-2')} {key}",
+            *(f"bput pay 0 {len(r)} 1 {checksum(r)} {key}" for r in one),
             f"transaction {key} {sid} END {q}",
             f"transaction {key} {sid} PREPARE {q}",
             f"transaction null {sid} RECOVER {q}",

@@ -63,7 +63,7 @@ async def scenario(path: str) -> dict[str, Any]:
         loop.call_soon_threadsafe(fn)
 
     store.start(post)
-    mgr = TransactionManager(store, TxLimits(), loop, Stats(), m.ids.next_id)
+    mgr = TransactionManager(store, TxLimits(), loop, Stats(), m.ids)
     out: dict[str, Any] = {}
 
     async def call(name: str, fn: Any, *args: Any) -> None:
