@@ -11,6 +11,11 @@ master's ZooKeeper session ending (``--session-timeout-ms``, ``zk.zkSessionTimeo
 both brokers; ZooKeeper expires a session on its tick, so up to a tick before the timeout),
 then the slave's promotion, its registration and the producer noticing it.
 
+Then the killed master is started again with its ``-Fsamsa`` command line while the producer
+keeps sending, and the rejoin is timed: from the restart until the new master has sent it
+what it lacked and names it in sync (its log's ``is the in-sync slave`` line); this includes
+the process start (a Python interpreter and the imports, about a second).
+
     .venv/bin/python bench/failover.py --rounds 5 --json
 
 Two cores shared with other work: figures are noisy, repeat runs.
@@ -70,7 +75,10 @@ def start_pair(base: Path, hosts: str, session_ms: int) -> tuple[BrokerProcess, 
     return gregor, samsa
 
 
-def one_round(base: Path, hosts: str, args: argparse.Namespace) -> float:
+IN_SYNC = "holds everything: it is the in-sync slave"
+
+
+def one_round(base: Path, hosts: str, args: argparse.Namespace) -> tuple[float, float]:
     gregor, samsa = start_pair(base, hosts, args.session_timeout_ms)
     acks: list[float] = []
     stop = threading.Event()
@@ -105,6 +113,14 @@ def one_round(base: Path, hosts: str, args: argparse.Namespace) -> float:
                 raise RuntimeError("no ack through the new master within 120 s")
             time.sleep(0.005)
         first = next(t for t in acks if t > killed)
+        restarted = time.monotonic()
+        samsa.restart()
+        deadline = restarted + 120
+        while IN_SYNC not in gregor.log_text():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the restarted master did not rejoin within 120 s")
+            time.sleep(0.005)
+        rejoined = time.monotonic()
     finally:
         stop.set()
         thread.join(30)
@@ -112,7 +128,7 @@ def one_round(base: Path, hosts: str, args: argparse.Namespace) -> float:
         for b in (samsa, gregor):
             b.kill()
             b.__exit__(None, None, None)
-    return round(first - killed, 3)
+    return round(first - killed, 3), round(rejoined - restarted, 3)
 
 
 def main() -> None:
@@ -122,7 +138,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rounds: list[float] = []
+    rounds: list[tuple[float, float]] = []
     with ZooKeeperServer() as zk, tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         from kazoo.client import KazooClient
 
@@ -136,16 +152,19 @@ def main() -> None:
         finally:
             admin.stop()
             admin.close()
-    took = rounds
+    took = [f for f, _ in rounds]
+    rejoin = [r for _, r in rounds]
     row: dict[str, Any] = {
         "rounds": len(rounds),
         "session_timeout_s": args.session_timeout_ms / 1000,
         "failover_p50_s": round(statistics.median(took), 3),
         "failover_max_s": max(took),
+        "rejoin_p50_s": round(statistics.median(rejoin), 3),
+        "rejoin_max_s": max(rejoin),
     }
     out = sys.stderr if args.json else sys.stdout
     if args.json:
-        print(json.dumps({**row, "each_s": took}))
+        print(json.dumps({**row, "each_s": took, "rejoin_each_s": rejoin}))
     print(" | ".join(row), file=out)
     print(" | ".join(str(v) for v in row.values()), file=out)
 

@@ -20,7 +20,9 @@ not its address, is what was or was not replicated, and a restart may change its
   (:class:`Promoter`): when the master it saw registered is gone (its session ended: a crash,
   a hang, a partition) and the epoch node still names it, not stopped, the slave writes epoch
   n+1 naming itself with a conditional set (the node's version: of two contenders exactly one
-  wins) and becomes the master.
+  wins) and becomes the master.  A node that names an in-sync slave (``insync``, set by a
+  promoted master once a replaced master rejoined it: :mod:`pymetaq.ha.rejoin`) lets only
+  that slave take over; a promoted master writes ``insync: ""`` (none yet).
 
 The slave may be promoted whenever its master is gone: the master acknowledges a put only
 once the slave confirmed it (:mod:`pymetaq.ha.sync`), so the slave holds every acknowledged
@@ -33,6 +35,7 @@ Thread-safety: the functions are blocking ZooKeeper calls for any one thread; a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -66,14 +69,20 @@ class Epoch:
     master: str
     replica: str
     stopped: bool = False
+    #: the replica id of the slave that holds everything the master acknowledged (it alone
+    #: may be promoted); "" none; None: not tracked (a samsa master's own pair: MetaQ's
+    #: pair acknowledges only with its slave, so its slave may always take over)
+    insync: str | None = None
 
     def encode(self) -> bytes:
-        doc = {
+        doc: dict[str, object] = {
             "epoch": self.epoch,
             "master": self.master,
             "replica": self.replica,
             "stopped": self.stopped,
         }
+        if self.insync is not None:
+            doc["insync"] = self.insync
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -83,11 +92,14 @@ class Epoch:
             doc = json.loads(raw)
             epoch, master, replica = doc["epoch"], doc["master"], doc["replica"]
             stopped = doc.get("stopped", False)
+            insync = doc.get("insync")
         except (ValueError, TypeError, KeyError) as e:
             raise ValueError(f"not an epoch node value: {raw[:200]!r}") from e
         if not isinstance(epoch, int) or epoch < 1 or not isinstance(master, str):
             raise ValueError(f"not an epoch node value: {raw[:200]!r}")
-        return cls(epoch, master, str(replica), bool(stopped))
+        if insync is not None and not isinstance(insync, str):
+            raise ValueError(f"not an epoch node value: {raw[:200]!r}")
+        return cls(epoch, master, str(replica), bool(stopped), insync)
 
 
 REPLICA_ID_FILE = ".replica_id"
@@ -159,7 +171,8 @@ def claim_as_master(
         if (keep_stopped or not current.stopped) and current.master == url:
             return current.epoch
         try:
-            client.set(path, Epoch(current.epoch, url, replica).encode(), version=version)
+            claimed = dataclasses.replace(current, master=url, stopped=False)
+            client.set(path, claimed.encode(), version=version)
             return current.epoch
         except BadVersionError:
             continue
@@ -172,11 +185,29 @@ def mark_stopped(client: Any, path: str, replica: str, epoch: int) -> None:
     found = read_epoch(client, path)
     if found is None or found[0].replica != replica or found[0].epoch != epoch:
         return
-    stopped = Epoch(epoch, found[0].master, replica, stopped=True)
+    stopped = dataclasses.replace(found[0], stopped=True)
     try:
         client.set(path, stopped.encode(), version=found[1])
     except BadVersionError:
         pass  # changed meanwhile: a promotion; nothing of ours to mark
+
+
+def set_insync(client: Any, path: str, replica: str, epoch: int, slave: str) -> bool:
+    """The master (``replica`` at ``epoch``) names its in-sync slave (``""``: none); False if
+    the node no longer names it (replaced meanwhile)."""
+    from kazoo.exceptions import BadVersionError
+
+    while True:
+        found = read_epoch(client, path)
+        if found is None or found[0].replica != replica or found[0].epoch != epoch:
+            return False
+        if found[0].insync == slave:
+            return True
+        try:
+            client.set(path, dataclasses.replace(found[0], insync=slave).encode(), version=found[1])
+            return True
+        except BadVersionError:
+            continue
 
 
 class Promoter:
@@ -243,12 +274,19 @@ class Promoter:
             if current.stopped:
                 log.info("failover: the master %s stopped cleanly: not taking over", master)
             return None
+        if current.insync is not None and current.insync != self.replica:
+            log.warning(
+                "failover: the master %s is gone, but this broker is not its in-sync slave "
+                "(it may lack acknowledged messages): not taking over",
+                master,
+            )
+            return None
         if self.client.exists(self.master_path, watch=self._loop.wake) is not None:
             return None  # registered again meanwhile (it makes its node before it unmarks)
         try:
             self.client.set(
                 self.epoch_path,
-                Epoch(current.epoch + 1, self.url, self.replica).encode(),
+                Epoch(current.epoch + 1, self.url, self.replica, insync="").encode(),
                 version=version,
             )
         except BadVersionError:

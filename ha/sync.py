@@ -25,6 +25,10 @@ counts towards ``slaveContinuousFailureThreshold`` (any success resets it); reac
 ``checkSlaveIntervalInMills`` and the first success after that calls ``on_healthy``
 (re-register).
 
+An ``aligned`` link (a promoted master's link to the replaced master that rejoined it,
+:mod:`pymetaq.ha.rejoin`) sends the 8-token ``bsync`` with each batch's offset on the master:
+the slave stores it only if its log ends exactly there, and the reply must name that offset.
+
 Thread-safety: one event loop (the broker's); :meth:`replicate` and :meth:`check` on it.
 """
 
@@ -114,11 +118,15 @@ def bsync_head(topic: str, partition: int, records: bytes | bytearray) -> tuple[
     return head, first, count
 
 
-def bsync_reply_error(body: bytes, first: int, count: int) -> str | None:
-    """None if a ``bsync`` reply body names ``first`` and ``count``, else what is wrong."""
+def bsync_reply_error(body: bytes, first: int, count: int, offset: int | None = None) -> str | None:
+    """None if a ``bsync`` reply body names ``first`` and ``count`` (and, given, the offset
+    the batch has on the master), else what is wrong."""
     fields = body.split()
     if len(fields) == 4 and fields[0] == b"%d" % first and fields[3] == b"%d" % count:
-        return None
+        if offset is None or fields[2] == b"%d" % offset:
+            return None
+        got = fields[2].decode("ascii", "replace")
+        return f"the slave stored the batch at offset {got}, not at the master's {offset}"
     return f"the slave confirmed {body.decode('utf-8', 'replace')!r}, not {count} from {first}"
 
 
@@ -183,8 +191,12 @@ class SyncLink:
         *,
         on_unhealthy: Callable[[], None] = lambda: None,
         on_healthy: Callable[[], None] = lambda: None,
+        aligned: bool = False,
     ) -> None:
         self.config = config
+        #: the slave's log is the master's, offset for offset (a rejoined replica,
+        #: pymetaq.ha.rejoin): each ``bsync`` reply must name the batch's offset here
+        self.aligned = aligned
         self.url = f"{config.slave_host}:{config.slave_port}"
         self.on_unhealthy = on_unhealthy
         self.on_healthy = on_healthy
@@ -277,18 +289,22 @@ class SyncLink:
         return SLAVE_DISCONNECTED
 
     def replicate(
-        self, topic: str, partition: int, records: bytes | bytearray
+        self, topic: str, partition: int, records: bytes | bytearray, offset: int | None = None
     ) -> asyncio.Future[None]:
-        """Send the stored batch; the future completes when the slave holds all of it."""
+        """Send the stored batch (at ``offset`` on this broker); the future completes when
+        the slave holds all of it."""
         self.batches += 1
         where = (topic, partition)
         if self.batched and len(records) <= BSYNC_MAX:
             head, first, count = bsync_head(topic, partition, records)
+            at = offset if self.aligned else None
+            if at is not None:  # the 8-token form: the slave stores it only at that offset
+                head += b"%d " % at
             fut = self._send(
                 lambda op: ([head + b"%d\r\n" % op, records], 1),
                 1,
                 where,
-                lambda reply: bsync_reply_error(reply.body, first, count),
+                lambda reply: bsync_reply_error(reply.body, first, count, at),
             )
         else:
             fut = self._send(

@@ -23,6 +23,7 @@ else runs on the broker's loop thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -43,7 +44,6 @@ from pymetaq.server.http import start_dashboard
 from pymetaq.server.registry import RegistryError
 from pymetaq.server.replication import (
     check_slave_config,
-    start_promoter,
     start_slave,
     start_sync_link,
     stop_promoter,
@@ -91,6 +91,12 @@ class Broker:
         self.fenced: str | None = None
         self.promoter: Any = None
         self.promotion: asyncio.Task[None] | None = None  # the promoted broker's registration
+        #: a replaced master rejoining (server/rejoin.py): the task, then its gregor node;
+        #: a promoted master: its log ends at promotion, and its watch for a rejoining slave
+        self.rejoining: asyncio.Task[None] | None = None
+        self.gregor_node: Any = None
+        self.promoted_ends: dict[tuple[str, int], int] = {}
+        self.reattach: Any = None
         self.replica = ""  # a pair's replica id (pymetaq.ha.failover.replica_id), with zk
         #: map consumer offsets by msgId before registering (pymetaq.ha.recover): a samsa
         #: master's recoverOffset=true, and always for a promoted gregor slave
@@ -319,14 +325,31 @@ class Broker:
                 log.info(
                     "gregor slave: not registering in ZooKeeper (as MetaQ); watching the master"
                 )
-                self.promoter = await start_promoter(self)
+                from pymetaq.server.rejoin import gregor_start
+
+                await gregor_start(self)
             return
         if self.config.zookeeper.enabled:  # kazoo is imported only then
-            from pymetaq.server.registry import open_registry
+            from pymetaq.server.registry import Replaced, open_registry
 
             loop = asyncio.get_running_loop()
-            self.registry = await loop.run_in_executor(None, open_registry, self)
+            try:
+                self.registry = await loop.run_in_executor(None, open_registry, self)
+            except Replaced as e:  # a samsa master replaced while it was down: rejoin
+                url = f"{self.host}:{self.port}"
+                self.set_fenced(
+                    f"brokerId {self.config.system.broker_id}'s master is {e.holder} since "
+                    f"epoch {e.epoch} (this broker at {url} was replaced): it rejoins as its slave"
+                )
+                self.replaced(e.holder, e.epoch)
+                return
             self.epoch = self.registry.epoch
+
+    def replaced(self, holder: str, epoch: int) -> None:
+        """(any thread) Another replica is this brokerId's master: rejoin it as its slave."""
+        from pymetaq.server.rejoin import replaced
+
+        replaced(self, holder, epoch)
 
     def set_fenced(self, why: str | None) -> None:
         """(any thread) Why this master may not accept writes now, or None when it may."""
@@ -336,6 +359,16 @@ class Broker:
             else:
                 log.error("not accepting writes: %s", why)
         self.fenced = why
+
+    async def _stop_rejoin(self) -> None:
+        if self.rejoining is not None:
+            self.rejoining.cancel()
+            with contextlib.suppress(BaseException):
+                await self.rejoining
+        if self.gregor_node is not None:
+            self.gregor_node.close()
+        if self.reattach is not None:
+            await self.reattach.close()
 
     def topic_stored(self, topic: str) -> None:
         """The dispatcher opened ``topic`` for writing (a pattern topic's first put)."""
@@ -355,6 +388,7 @@ class Broker:
     async def _shutdown(self, server: asyncio.Server, dispatcher: Dispatcher) -> None:
         if self.slave is not None:  # stop appending before anything else stops
             await self.slave.close()
+        await self._stop_rejoin()
         if self.promoter is not None:
             await asyncio.get_running_loop().run_in_executor(None, stop_promoter, self.promoter)
         if self.registry is not None:  # MetaQ: unregister, let clients notice, then stop

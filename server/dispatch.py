@@ -70,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
@@ -172,6 +173,9 @@ class Dispatcher:
         self.partitions = Partitions(broker, self._store_created)
         #: a gregor slave's resolved sync targets (topic, partition) -> (log, topic config)
         self._sync_targets: dict[tuple[str, int], tuple[PartitionLog, TopicConfig]] = {}
+        #: the connections a master's syncs came on (a rejoined slave drops them when it asks
+        #: its master to follow it again: server/rejoin.py)
+        self.sync_peers: weakref.WeakSet[Connection] = weakref.WeakSet()
         self.tx = broker.transactions.attach(loop, self.stats, system.max_put_size)
         self.stats.add_item(
             "transactions", "Returns the open transactions (pymetaq).", self.tx.stats_lines
@@ -572,6 +576,7 @@ class Dispatcher:
             conn.result(500, SYNC_DISABLED, cmd.opaque)
             return
         self.stats.counters["cmd_put"] += 1
+        self.sync_peers.add(conn)
         try:
             record = sync_record(cmd)
         except ValueError as e:
@@ -589,13 +594,14 @@ class Dispatcher:
             conn.result(500, SYNC_DISABLED, cmd.opaque)
             return
         self.stats.counters["cmd_put"] += 1
+        self.sync_peers.add(conn)
         body = self._batch_body(conn, cmd)
         if body is None:
             return
         target = self._sync_target(conn, cmd.topic, cmd.partition, cmd.opaque)
         if target is not None:
             plog, tc = target
-            self.appender.synced_batch(conn, plog, tc.stat, body, cmd.opaque)
+            self.appender.synced_batch(conn, plog, tc.stat, body, cmd.opaque, cmd.offset)
 
     def _sync_target(
         self, conn: Connection, topic: str, partition: int, opaque: int

@@ -229,13 +229,26 @@ class Appender:
             self.loop.call_soon(self.flush_all)
 
     def synced_batch(
-        self, conn: Connection, plog: PartitionLog, stat: bool, body: bytearray, opaque: int
+        self,
+        conn: Connection,
+        plog: PartitionLog,
+        stat: bool,
+        body: bytearray,
+        opaque: int,
+        offset: int | None = None,
     ) -> None:
         """Append a ``bsync`` body as it is (the master's ids and flags), after any ``sync``
-        records of that log queued earlier in this iteration (one connection's order kept)."""
+        records of that log queued earlier in this iteration (one connection's order kept);
+        with ``offset`` (the 8-token form) only if the log ends exactly there (409 else,
+        nothing written)."""
         entry = self._synced.pop(id(plog), None)
         if entry is not None:
             self._append(entry[0], entry[1], entry[2], entry[3], stamp_ids=False)
+        if offset is not None and offset != plog.write_offset:
+            self.stats.counters["put_failed"] += 1
+            why = f"offset mismatch: this log ends at {plog.write_offset}, not at {offset}"
+            conn.result(409, why.encode(), opaque)
+            return
         conn.request_started()
         first = _FIRST_ID.unpack_from(body, 8)[0] if len(body) >= HEADER_SIZE else 0
         self._append(plog, stat, body, BatchWaiter(conn, opaque, first), stamp_ids=False)
@@ -290,7 +303,7 @@ class Appender:
         # the loop's next reads; a small one may be fsynced inline by _sync_appended
         inline = len(records) <= INLINE_SYNC_BYTES and time.monotonic() >= self._inline_after
         try:
-            plog.append(
+            appended = plog.append(
                 records,
                 stamp_ids=stamp_ids,
                 on_durable=both.local if both is not None else on_durable,
@@ -299,7 +312,9 @@ class Appender:
                 before_write=idem.before_write(len(records)) if idem is not None else None,
             )
             if both is not None and link is not None:  # stamped: send these very records
-                link.replicate(plog.topic, plog.partition, records).add_done_callback(both.remote)
+                link.replicate(
+                    plog.topic, plog.partition, records, appended.offset
+                ).add_done_callback(both.remote)
             if inline:
                 if not self._to_sync:
                     self.loop.call_soon(self._sync_appended)

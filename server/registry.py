@@ -89,6 +89,15 @@ class RegistryConflict(RegistryError):
         self.holder = holder  # the address registered by the other broker
 
 
+class Replaced(RegistryConflict):
+    """A samsa master starting finds that another replica took over its brokerId (automatic
+    failover): it is not its master any more; it rejoins as its slave (server/rejoin.py)."""
+
+    def __init__(self, message: str, holder: str, epoch: int) -> None:
+        super().__init__(message, holder)
+        self.epoch = epoch
+
+
 @dataclass(frozen=True)
 class TopicEntry:
     topic: str
@@ -161,6 +170,7 @@ class BrokerRegistry:
         replica: str = "",
         before_register: Callable[[Any], None] | None = None,
         on_fence: Callable[[str | None], None] = lambda why: None,
+        on_replaced: Callable[[str, int], None] = lambda holder, epoch: None,
     ) -> None:
         self._config = config
         cfg = config()
@@ -196,6 +206,8 @@ class BrokerRegistry:
         self.before_register = before_register
         self.epoch_path = epoch_path(self.paths, self.broker_id)
         self.on_fence = on_fence
+        #: ``on_replaced(master, epoch)``: another replica holds the epoch (it rejoins)
+        self.on_replaced = on_replaced
         self._loop = RefreshLoop(
             f"pymetaq-registry-{self.broker_id}",
             self._reconcile,
@@ -220,10 +232,7 @@ class BrokerRegistry:
                 self.epoch = claim_as_master(self.client, self.epoch_path, self.url, self.replica)
         except Fenced as e:
             self._close_client()
-            raise RegistryConflict(
-                f"{e}; start it as the gregor slave of {e.holder} "
-                f"(-Fgregor=...) or, to make it the master again, delete {self.epoch_path}"
-            ) from e
+            raise Replaced(str(e), e.holder, e.epoch) from e
         if self.before_register is not None:
             try:
                 self.before_register(self.client)
@@ -417,6 +426,7 @@ class BrokerRegistry:
             log.error("fenced: %s; not registering", why)
             for path in sorted(self._held, reverse=True):
                 self._delete_if_ours(path, sid)
+            self.on_replaced(e.holder, e.epoch)
             return False
         if epoch != self.epoch:  # the node was removed by hand and made again
             log.warning("epoch node %s re-created: now epoch %d", self.epoch_path, epoch)
@@ -512,6 +522,7 @@ def open_registry(broker: Any) -> BrokerRegistry | None:
         if getattr(broker, "recover_offsets", False)
         else None,
         on_fence=getattr(broker, "set_fenced", lambda why: None),
+        on_replaced=getattr(broker, "replaced", lambda holder, epoch: None),
     )
     registry.start()
     return registry

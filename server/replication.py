@@ -17,7 +17,10 @@ A broker started with ``-Fmetaslave=async_slave.properties`` is an asynchronous 
 - on a samsa master, first a line for its gregor slave: ``gregor <host:port> state
   <connected|disconnected|unhealthy> form <bsync|sync> batches <n> failures <n>`` (``form``:
   what its batches are sent as; ``failures``: consecutive, towards
-  slaveContinuousFailureThreshold).
+  slaveContinuousFailureThreshold).  A promoted master (automatic failover) shows the slave
+  that rejoined it the same way (``catching-up`` while it is sent what it lacks), or
+  ``gregor - state none form - batches 0 failures 0`` while it has none (it acknowledges
+  alone then: server/rejoin.py).
 
 With ``autoSyncMasterConfig=true`` the master's ``[topic=...]`` sections (from ``stats
 config``) replace the slave's own in its server.ini (written to a temporary file and renamed;
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from pymetaq.ha.config import SLAVE_GROUP_PREFIX, SlaveConfig, merge_master_topics
 from pymetaq.ha.failover import Promoter
+from pymetaq.ha.rejoin import ends_of
 from pymetaq.ha.slave import AsyncSlave
 from pymetaq.ha.sync import SyncLink
 from pymetaq.server.errors import ConfigError
@@ -173,8 +177,14 @@ def replication_lines(broker: Broker) -> list[str]:
     if broker.epoch is not None or broker.fenced is not None or broker.promoter is not None:
         lines.insert(0, failover_line(broker))
     link = broker.sync_link
+    reattach = broker.reattach
     if link is not None:
         state = "unhealthy" if link.unhealthy else "connected" if link.connected else "disconnected"
+    elif reattach is not None and reattach.link is not None:  # sending a rejoined slave its gap
+        link, state = reattach.link, "catching-up"
+    elif reattach is not None:  # a promoted master without a slave: it acknowledges alone
+        lines.insert(0, "gregor - state none form - batches 0 failures 0")
+    if link is not None:
         lines.insert(
             0,
             f"gregor {link.url} state {state} form {'bsync' if link.batched else 'sync'} "
@@ -219,27 +229,38 @@ def failover_line(broker: Broker) -> str:
     return f"epoch {epoch} state {state} master {seen or '-'}"
 
 
-async def start_promoter(broker: Broker) -> Promoter:
-    """A gregor slave with ZooKeeper: watch the master; take over when it is gone
-    (:mod:`pymetaq.ha.failover`).  :class:`RegistryError` if ZooKeeper does not answer."""
+async def zk_client(broker: Broker) -> Any:
+    """A started kazoo client for ``broker``'s ZooKeeper (:class:`RegistryError` if it does
+    not answer)."""
     from pymetaq.client.cluster.session import kazoo_client, start_client
-    from pymetaq.client.protocol.zk import ZkPaths, meta_url
-    from pymetaq.server.registry import RegistryError, advertised_host
+    from pymetaq.server.registry import RegistryError
 
     zk = broker.config.zookeeper
-    loop = asyncio.get_running_loop()
     client = kazoo_client(zk.connect, session_timeout_s=zk.session_timeout_ms / 1000)
     try:
-        await loop.run_in_executor(
+        await asyncio.get_running_loop().run_in_executor(
             None, start_client, client, zk.connect, zk.connection_timeout_ms / 1000
         )
     except Exception as e:
         raise RegistryError(str(e)) from e
+    return client
+
+
+async def start_promoter(broker: Broker, client: Any = None) -> Promoter:
+    """A gregor slave with ZooKeeper: watch the master; take over when it is gone
+    (:mod:`pymetaq.ha.failover`).  :class:`RegistryError` if ZooKeeper does not answer."""
+    from pymetaq.client.protocol.zk import ZkPaths, meta_url
+    from pymetaq.server.registry import advertised_host
+
+    if client is None:
+        client = await zk_client(broker)
+    loop = asyncio.get_running_loop()
     url = meta_url(advertised_host(broker.host), broker.port)
 
     def promoted(epoch: int) -> None:  # the promoter's thread
         loop.call_soon_threadsafe(_promote, broker, epoch)
 
+    zk = broker.config.zookeeper
     bid = broker.config.system.broker_id
     promoter = Promoter(client, ZkPaths(zk.root), bid, url, broker.replica, promoted)
     promoter.start()
@@ -255,6 +276,9 @@ def stop_promoter(promoter: Promoter) -> None:
 def _promote(broker: Broker, epoch: int) -> None:
     """(loop) The gregor slave becomes the master at ``epoch``: it takes puts from now on,
     refuses its old master's syncs, and registers as ``-m``."""
+    if broker.dispatcher is not None:
+        broker.dispatcher.appender.flush_all()  # syncs read but not yet appended
+    broker.promoted_ends = ends_of(broker.store.logs())  # exactly what it got: the cut point
     broker.gregor = False
     broker.epoch = epoch
     broker.fenced = None
@@ -266,9 +290,17 @@ def _promote(broker: Broker, epoch: int) -> None:
 
 async def _register_promoted(broker: Broker) -> None:
     from pymetaq.server.registry import open_registry
+    from pymetaq.server.rejoin import Reattach, record_promotion
 
     loop = asyncio.get_running_loop()
+    assert broker.epoch is not None
     try:
+        if broker.gregor_node is not None:  # it had rejoined a master: no longer its slave
+            await loop.run_in_executor(None, broker.gregor_node.withdraw)
+            broker.gregor_node = None
+        args = (broker, broker.promoter.client, broker.epoch)
+        await loop.run_in_executor(None, record_promotion, *args)
         broker.registry = await loop.run_in_executor(None, open_registry, broker)
+        broker.reattach = Reattach(broker, broker.registry.client)
     except Exception:
         log.exception("failover: registering as the master failed")

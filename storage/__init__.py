@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from pymetaq.storage.results import AppendResult, ReadResult, ReadStatus
     from pymetaq.storage.retention import RetentionAction, RetentionActionKind
     from pymetaq.storage.segment import FileRegion
+    from pymetaq.storage.truncate import TruncateReport
 
 #: public name -> the module that defines it
 _LAZY = {
@@ -83,6 +84,7 @@ _LAZY = {
     "StorageError": "pymetaq.storage.errors",
     "StoreConfig": "pymetaq.storage.config",
     "TopicStoreConfig": "pymetaq.storage.config",
+    "TruncateReport": "pymetaq.storage.truncate",
     "UnknownTopic": "pymetaq.storage.errors",
     "iter_archived": "pymetaq.storage.archive",
     "next_fire": "pymetaq.storage.cron",
@@ -120,6 +122,7 @@ __all__ = [
     "StorageError",
     "StoreConfig",
     "TopicStoreConfig",
+    "TruncateReport",
     "UnknownTopic",
     "iter_archived",
     "next_fire",

@@ -486,6 +486,25 @@ class PartitionLog:
                 return ReadResult(ReadStatus.OK, offset, FileRegion(fd, offset - seg.start, length))
         raise LogClosed(f"{self.name}: segments closed while reading")
 
+    def read_written(self, offset: int, max_size: int) -> bytes:
+        """Up to ``max_size`` bytes from ``offset`` of what was *written*, durable or not
+        (a master sending its slave what it lacks, on the thread that appends, so that
+        nothing is appended meanwhile); shorter at the written end or at a gap."""
+        segments, starts = self._view
+        end = min(self.write_offset, offset + max_size)
+        out = bytearray()
+        while offset < end:
+            i = bisect.bisect_right(starts, offset) - 1
+            if i < 0:
+                break
+            seg = segments[i]
+            n = min(end, seg.start + seg.written) - offset
+            if n <= 0:
+                break
+            out += seg.file.read_at(offset - seg.start, n)
+            offset += n
+        return bytes(out)
+
     # -- retention and lifecycle ---------------------------------------------------------
 
     def detach_prefix(self, keep: Callable[[Segment], bool]) -> list[Segment]:

@@ -44,6 +44,7 @@ from pymetaq.storage.errors import (
     LogClosed,
     PartitionFenced,
     PartitionOutOfRange,
+    StorageError,
     UnknownTopic,
 )
 from pymetaq.storage.flusher import Flusher
@@ -56,6 +57,7 @@ from pymetaq.storage.retention import RetentionAction, apply_retention
 from pymetaq.storage.scan import TailState
 from pymetaq.storage.segment import Segment, parse_partition_dir, partition_dir_name
 from pymetaq.storage.space import SpaceGuard
+from pymetaq.storage.truncate import TruncateReport, truncate_partition
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +312,29 @@ class MessageStoreManager:
             if key in self.fenced:
                 raise PartitionFenced(self.fenced[key])
             return self._logs.get(key)
+
+    def truncate(self, topic: str, partition: int, offset: int) -> TruncateReport:
+        """Cut an open log at ``offset`` (a replica rejoining its new master): the log is
+        closed, cut crash-safely (:mod:`pymetaq.storage.truncate`, which counts what it
+        discards) and opened again; callers must drop references to the old log object.
+        The caller makes sure nothing appends meanwhile (:class:`StorageError` if the cut is
+        not inside the log; the log is open either way)."""
+        with self._lock:
+            plog = self._logs.get((topic, partition))
+            if plog is None:
+                raise StorageError(f"{topic}-{partition} is not open")
+            self._flusher.unwatch(plog)
+            plog.close()
+            del self._logs[(topic, partition)]
+            st = os.stat(plog.directory)
+            self._by_dir.pop((st.st_dev, st.st_ino), None)
+            self._marker.logs.pop(os.path.realpath(plog.directory), None)
+            try:
+                report = truncate_partition(plog.directory, offset)
+            finally:
+                root = os.path.dirname(plog.directory)
+                self._open_dir(topic, partition, root, create=False)
+        return report
 
     def logs(self) -> list[PartitionLog]:
         return list(self._logs.values())

@@ -19,7 +19,8 @@ Steps (MetaQ's ``MessageStore`` + ``FileMessageSet.recover``, reported as NATS d
    deleted and its records and bytes are counted as cut;
 4. everything from the first bad record on is cut (truncated), so a corrupt record is never
    served;
-5. offsets never go backwards: if the recovered end is below the ``highwater`` mark (the newest
+5. (first of all) a cut a crash interrupted is completed (:mod:`pymetaq.storage.truncate`);
+6. offsets never go backwards: if the recovered end is below the ``highwater`` mark (the newest
    segment was deleted, a damaged tail was cut), the log continues at the mark and the hole is
    recorded as a gap (:mod:`pymetaq.storage.highwater`); the report says so.
 
@@ -49,6 +50,7 @@ from pymetaq.storage.segment import (
     segment_name,
     segment_path,
 )
+from pymetaq.storage.truncate import finish_truncation
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +172,8 @@ def open_segments(
     first offset); the high-water mark still wins when it is further.
     """
     try:
+        if finish_truncation(directory) is not None:
+            marker = None  # the marker vouched for the tail before the cut
         listing = list_partition(directory)
         if not listing.metas and not listing.news:
             if not create:

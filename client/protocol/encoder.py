@@ -133,6 +133,10 @@ def _batch(verb: str, cmd: BatchPutCommand | BatchSyncCommand) -> tuple[bytes, B
             if cmd.producer_id is not None:
                 raise LocalProtocolError("a transactional bput is not idempotent (no producer id)")
             head.append(_tx_key(cmd.tx_key))
+    elif cmd.offset is not None:
+        if not isinstance(cmd.offset, int) or not 0 <= cmd.offset < 1 << 63:
+            raise LocalProtocolError(f"offset {cmd.offset!r} is not a non-negative int64")
+        head.append(str(cmd.offset))
     head.append(_i32(cmd.opaque, "opaque"))
     return _line(*head), body
 

@@ -248,11 +248,14 @@ class SyncCommand:
 
 @dataclass(frozen=True, slots=True)
 class BatchSyncCommand:
-    """pymetaq ``bsync <topic> <partition> <len> <count> <checksum> <opaque>\\r\\n<body>``.
+    """pymetaq ``bsync <topic> <partition> <len> <count> <checksum> [<offset>] <opaque>\\r\\n
+    <body>``.
 
     Master to slave: ``body`` = ``count`` complete records exactly as the master stored them
     (its ids and flags); ``checksum`` = CRC32(body) & 0x7FFFFFFF or ``None`` (``-1``).  The
-    parser hands out a fresh ``bytearray``.
+    parser hands out a fresh ``bytearray``.  ``offset`` (the 8-token form): where the batch
+    starts on the master; the slave stores it only if its log ends exactly there (a replica
+    kept offset for offset: a rejoined master, pymetaq.ha.rejoin).
     """
 
     topic: str
@@ -261,6 +264,7 @@ class BatchSyncCommand:
     count: int
     checksum: int | None = None
     opaque: int = 0
+    offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ followed by a body when the verb carries a length token:
 | put      | server | 6, 7, 8  | 3            | ``Limits.max_body``    |
 | sync     | server | 7, 8     | 3            | ``Limits.max_body``    |
 | bput     | server | 7, 8, 9  | 3            | ``Limits.max_batch_body`` |
-| bsync    | server | 7        | 3            | ``Limits.max_batch_body`` |
+| bsync    | server | 7, 8     | 3            | ``Limits.max_batch_body`` |
 | get      | server | 7, 8     | -            |                        |
 | offset   | server | 6        | -            |                        |
 | stats    | server | 1, 2, 3  | -            |                        |
@@ -215,15 +215,19 @@ def _bput(t: Tokens, body: Body) -> BatchPutCommand:
 
 
 def _bsync(t: Tokens, body: Body) -> BatchSyncCommand:
-    _need(t, 7)
+    _need(t, 7, 8)
     assert isinstance(body, bytearray)
+    offset = _i64(t[6], "offset") if len(t) == 8 else None
+    if offset is not None and offset < 0:
+        raise _Bad("negative offset")
     return BatchSyncCommand(
         _str(t[1], "topic"),
         _int(t[2], "partition"),
         body,
         _int(t[4], "count", 0),
         _checksum(t[5]),
-        _int(t[6], "opaque"),
+        _int(t[-1], "opaque"),
+        offset,
     )
 
 

@@ -149,3 +149,22 @@ def test_a_broker_that_is_no_slave_refuses_bsync(tmp_path: Path) -> None:
             reply = w.call(bsync("orders", 0, encode_record(b"x", 0, 5), 1, 50, None))
         assert isinstance(reply, ResultReply) and (reply.code, reply.opaque) == (500, 50)
         assert reply.body.startswith(b"sync is only accepted by a slave broker")
+
+
+def test_an_8_token_bsync_is_stored_only_where_the_slaves_log_ends(tmp_path: Path) -> None:
+    """The offset form (a rejoined replica, kept offset for offset): stored when the slave's
+    log ends at that offset, else 409 and nothing written."""
+    one, two = encode_record(b"o1", 0, 901), encode_record(b"o2", 0, 902)
+
+    def at(body: bytes, offset: int, opaque: int) -> bytes:
+        head = b"bsync orders 1 %d 1 %d %d %d\r\n" % (len(body), checksum(body), offset, opaque)
+        return head + body
+
+    with start_gregor(tmp_path, free_port()) as slave, Wire(slave.address) as w:
+        assert w.call(at(one, 0, 31)) == ResultReply(200, b"901 1 0 1", 31)
+        mismatch = b"offset mismatch: this log ends at %d, not at 0" % len(one)
+        assert w.call(at(two, 0, 32)) == ResultReply(409, mismatch, 32)  # a resend: refused
+        gap = b"offset mismatch: this log ends at %d, not at %d" % (len(one), len(one) + 5)
+        assert w.call(at(two, len(one) + 5, 33)) == ResultReply(409, gap, 33)  # a gap: refused
+        assert w.call(at(two, len(one), 34)) == ResultReply(200, b"902 1 %d 1" % len(one), 34)
+        assert [m for _, m, _ in records(slave, 1)] == [901, 902]

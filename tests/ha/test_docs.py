@@ -1,6 +1,7 @@
-"""docs/replication.md's walkthrough (``examples/replication_walkthrough.sh``: a master with an
-asynchronous slave in a real ZooKeeper, then a samsa/gregor pair) runs as written and prints
-what the page shows."""
+"""docs/replication.md's walkthroughs run as written and print what the page shows:
+``examples/replication_walkthrough.sh`` (a master with an asynchronous slave in a real
+ZooKeeper, then a samsa/gregor pair) and ``examples/failover_walkthrough.sh`` (a pair with
+ZooKeeper: the master hung, the slave promoted, the old master rejoining it)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,12 @@ def test_walkthrough_runs_as_shown(tmp_path: Path, zk_hosts: str) -> None:
     assert all(len(fix[p]) == 5 for p in SHOWN_PORTS)
     page = ROOT / "docs" / "replication.md"
     _docs.run_walkthrough(page, "docs/replication.md", "replication_walkthrough.sh", tmp_path, fix)
+
+
+def test_failover_walkthrough_runs_as_shown(tmp_path: Path, zk_hosts: str) -> None:
+    fix = {"127.0.0.1:2181": zk_hosts}
+    for shown in ("18310", "18311"):
+        fix[shown] = str(free_port())
+    assert all(len(fix[p]) == 5 for p in ("18310", "18311"))
+    page = ROOT / "docs" / "replication.md"
+    _docs.run_walkthrough(page, "docs/replication.md", "failover_walkthrough.sh", tmp_path, fix)

@@ -143,6 +143,11 @@ SERVER_CASES: list[tuple[bytes, Event, bool]] = [
         BatchSyncCommand("t", 0, RECORDS, 2, None, 19),
         True,
     ),
+    (  # the offset form: stored only where the slave's log ends (a rejoined replica)
+        b"bsync t 1 %d 2 -1 1048576 20\r\n" % len(RECORDS) + RECORDS,
+        BatchSyncCommand("t", 1, RECORDS, 2, None, 20, 1048576),
+        True,
+    ),
     (  # the idempotent form: producer id and sequence before the opaque
         b"bput t 2 %d 2 -1 %s 7 17\r\n" % (len(RECORDS), b"ab" * 16) + RECORDS,
         BatchPutCommand("t", 2, RECORDS, 2, None, 17, "ab" * 16, 7),
