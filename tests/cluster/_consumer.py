@@ -11,7 +11,8 @@ on Linux, so they compare across processes):
 * ``assign`` (``parts``) *before* the consumer's hand-off code takes the partitions (so every
   delivery of them comes after it); ``revoked`` / ``lost`` (``parts``) *after* the consumer
   gave them up (its hand-off returned: nothing of them is delivered any more);
-  ``suspended`` when the connection drops (logged after the consumer fenced everything);
+  ``suspended`` when the connection drops (the consumer's own listener fences everything
+  then, in whatever order kazoo calls the two; its ``lost`` follows);
 * ``d``: one delivery, ``p`` partition key, ``o`` offset, ``s`` the message's sequence number
   (its value), ``t0``/``t1`` when the listener call began and ended;
 * ``stopped`` after a clean ``close()`` (SIGTERM).

@@ -83,8 +83,12 @@ class ConsumerMember(ChildMember):
         ]
 
     def periods(self, events: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
-        """(partition key, from, to): while this member held it by its own account; a period
-        still open ends at the process's death (or never)."""
+        """(partition key, from, to): while this member held it by its own account, from
+        ``assign`` to the ``revoked``/``lost`` logged once the hand-off returned (nothing of the
+        partition is delivered after that); a period still open ends at the process's death
+        (or never).  ``suspended`` does not end one: the fence it sets cannot be atomic with a
+        worker that just checked it, so one delivery may begin after it, before the ``lost``
+        that always follows (the coordinator calls ``on_lost`` at once)."""
         out: list[tuple[str, float, float]] = []
         start: dict[str, float] = {}
         for e in events:
@@ -96,9 +100,6 @@ class ConsumerMember(ChildMember):
                     key = p.split(":", 1)[1]
                     if key in start:
                         out.append((key, start.pop(key), e["t"]))
-            elif e["ev"] == "suspended":
-                out += [(k, t, e["t"]) for k, t in start.items()]
-                start.clear()
         end = self.died_at if self.died_at is not None else math.inf
         return out + [(k, t, end) for k, t in start.items()]
 
