@@ -107,7 +107,7 @@ def check_boundary(
     ("rounds", "kind"),
     [
         (3, "sqlite"),
-        pytest.param(20, "sqlite", marks=pytest.mark.slow),
+        pytest.param(12, "sqlite", marks=pytest.mark.slow),
         pytest.param(8, "postgresql", marks=pytest.mark.slow),
     ],
 )
