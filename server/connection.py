@@ -364,7 +364,12 @@ class Connection(asyncio.Protocol):
             data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
             self._out.clear()
             self.transport.write(data)
-        if self._close_after_flush and self._sender is None and not self._queue:
+        if (
+            self._close_after_flush
+            and self._sender is None
+            and not self._queue
+            and self.inflight <= 0
+        ):
             self._close()
 
     async def _send_queue(self) -> None:
@@ -398,7 +403,7 @@ class Connection(asyncio.Protocol):
             if not self._write_paused:
                 self._stalled_since = 0.0
         self._maybe_resume()
-        if self._close_after_flush and not self.closed:
+        if self._close_after_flush and not self.closed and self.inflight <= 0:
             self._close()
 
     def _reopen(self, item: DeferredGet) -> RegionReply | bytes:
@@ -432,7 +437,13 @@ class Connection(asyncio.Protocol):
 
     def request_done(self) -> None:
         self.inflight -= 1
-        if self._eof:
+        if self._close_after_flush:
+            # the last request before a quit or a fatal error: its reply (queued next) is
+            # written, then the connection closes (see close_after_flush)
+            if self.inflight <= 0 and not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._flush)
+        elif self._eof:
             self._finish_eof()
         if self._paused:
             self._maybe_resume()
@@ -494,7 +505,8 @@ class Connection(asyncio.Protocol):
             self.close_after_flush()
 
     def close_after_flush(self) -> None:
-        """Stop reading; close once the queued replies are written (quit, fatal errors)."""
+        """Stop reading; close once every request read before is answered and the replies
+        are written (quit, fatal errors): a put in flight is acknowledged first."""
         self._close_after_flush = True
         self._pause()
         if not self._flush_scheduled:

@@ -137,12 +137,39 @@ def test_an_unknown_command_is_400_with_its_opaque_then_close(wire: Wire) -> Non
         + b"version 203\r\n"  # never run: the connection closes after the unknown verb
     )
     got = wire.read_until_closed()
-    assert got.startswith(b"result 200 ")  # the put before it is answered
-    assert got.endswith(
+    replies = frames(got)
+    # the put before it is acknowledged before the close (its ack comes once it is durable,
+    # after the version's reply); nothing after the unknown verb is run
+    assert [opaque for opaque, _code, _body in replies] == [201, 202, 200], got
+    assert got.startswith(
         result(200, VERSION.encode(), 201) + result(400, b"unknown command foo", 202)
     )
+    _opaque, code, body = replies[2]
+    assert code == 200 and body.split()[1:] == [b"0", b"0"], got  # "<msgId> 0 <offset 0>"
     with Wire(wire.sock.getpeername()) as w:
         assert stored(w, "unk", 204) == [data]
+
+
+def test_a_quit_answers_the_puts_before_it(wire: Wire) -> None:
+    data = b"before quit"
+    wire.send(put_line("unk", 0, data, 230, checksum(data)) + b"quit\r\n")
+    replies = frames(wire.read_until_closed())
+    assert [(opaque, code) for opaque, code, _body in replies] == [(230, 200)]
+    with Wire(wire.sock.getpeername()) as w:
+        assert data in stored(w, "unk", 231)
+
+
+def frames(got: bytes) -> list[tuple[int, int, bytes]]:
+    """``result`` frames as (opaque, code, body), in the order they arrived."""
+    out = []
+    rest = got
+    while rest:
+        head, _, rest = rest.partition(b"\r\n")
+        verb, code, length, opaque = head.split()
+        assert verb == b"result", got
+        out.append((int(opaque), int(code), rest[: int(length)]))
+        rest = rest[int(length) :]
+    return out
 
 
 def test_an_unknown_verb_with_a_body_never_runs_the_body(wire: Wire) -> None:
