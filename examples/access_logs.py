@@ -21,24 +21,28 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from pymetaq.client import Producer
+from pymetaq.client import Consumer, Producer, TopicPartition
 
 STATUSES = [200] * 16 + [304] * 2 + [404, 500]
 PATHS = ["/", "/index.html", "/a.png", "/api/orders", "/login"]
 
 
 def ship(servers: str, lines: int, seed: int) -> None:
-    """Write ``lines`` Common Log Format lines over the last 5 minutes into ``log-access``."""
+    """Write ``lines`` Common Log Format lines over the last 5 minutes into ``log-access``,
+    then wait until readers can see them all (see :func:`wait_readable`)."""
     rng = random.Random(seed)
     now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
     start = now - dt.timedelta(minutes=5)
     with Producer(servers) as p:
+        handles = []
         for i in range(lines):
             t = start + dt.timedelta(seconds=300 * i / lines)
             host = f"10.0.0.{rng.randrange(1, 20)}"
@@ -46,8 +50,36 @@ def ship(servers: str, lines: int, seed: int) -> None:
                 f'{host} - - [{t:%d/%b/%Y:%H:%M:%S} +0000] "GET {rng.choice(PATHS)} HTTP/1.1" '
                 f"{rng.choice(STATUSES)} {rng.randrange(200, 5000)}"
             )
-            p.send_async("log-access", line.encode(), key=host)
+            handles.append(p.send_async("log-access", line.encode(), key=host))
         p.flush(30)
+    ends: dict[TopicPartition, int] = {}
+    for h in handles:
+        r = h.result(30)
+        if not r.success:
+            raise SystemExit(f"access_logs.py: shipping failed: {r.error}")
+        tp = TopicPartition("log-access", r.broker_id, r.partition)
+        ends[tp] = max(ends.get(tp, 0), r.offset + 1)
+    wait_readable(servers, ends)
+
+
+def wait_readable(servers: str, ends: dict[TopicPartition, int], timeout_s: float = 60) -> None:
+    """Wait until each partition's readable end has reached ``ends``.
+
+    ``log-*`` topics run in threshold mode on the shipped configuration: a message is
+    acknowledged at once and readers see it after the broker's next flush (at most
+    ``unflushInterval``, 10 s, later). A query with ``trigger(availableNow=True)`` reads what
+    is readable when it starts, so the pipeline waits for the lines it just shipped."""
+    deadline = time.monotonic() + timeout_s
+    with Consumer(servers, None) as c:
+        for attempt in itertools.count():
+            behind = [tp for tp, end in c.end_offsets(list(ends)).items() if end < ends[tp]]
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"access_logs.py: not readable after {timeout_s:g} s: {behind}")
+            if not attempt:
+                print("waiting for the broker's next flush (log-* topics: unflushInterval, 10 s)")
+            time.sleep(0.5)
 
 
 def session() -> Any:
