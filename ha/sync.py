@@ -10,6 +10,11 @@ pymetaq's batched form (an extension, docs/protocol.md): ``bsync <topic> <partit
 master's ids and flags, ``checksum`` = CRC32(body) & 0x7FFFFFFF); a pymetaq slave appends it
 with one append and answers once, ``result 200 "<firstMsgId> <partition> <offset> <count>"``
 when it is durable.
+A batch the master took as an idempotent ``bput`` carries its ``<producerId> <sequence>``
+before the opaque (the 9-token form; 10 with the aligned offset): the slave records the batch
+in the partition's ``producers.idem`` as the master did, so once promoted it answers the
+producer's retry with the original result (:mod:`pymetaq.server.idempotence`).  MetaQ's
+gregor never sees it: it is sent ``sync`` only.
 
 :class:`SyncLink` (samsa side) asks a newly connected slave its ``version``: a pymetaq slave
 gets each stored batch as one ``bsync`` (a batch over :data:`BSYNC_MAX` as ``sync``\\ s), any
@@ -289,10 +294,15 @@ class SyncLink:
         return SLAVE_DISCONNECTED
 
     def replicate(
-        self, topic: str, partition: int, records: bytes | bytearray, offset: int | None = None
+        self,
+        topic: str,
+        partition: int,
+        records: bytes | bytearray,
+        offset: int | None = None,
+        producer: tuple[str, int] | None = None,
     ) -> asyncio.Future[None]:
-        """Send the stored batch (at ``offset`` on this broker); the future completes when
-        the slave holds all of it."""
+        """Send the stored batch (at ``offset`` on this broker; ``producer`` = (id, sequence)
+        of an idempotent ``bput``); the future completes when the slave holds all of it."""
         self.batches += 1
         where = (topic, partition)
         if self.batched and len(records) <= BSYNC_MAX:
@@ -300,6 +310,8 @@ class SyncLink:
             at = offset if self.aligned else None
             if at is not None:  # the 8-token form: the slave stores it only at that offset
                 head += b"%d " % at
+            if producer is not None:  # the slave records it in producers.idem too
+                head += b"%s %d " % (producer[0].encode("ascii"), producer[1])
             fut = self._send(
                 lambda op: ([head + b"%d\r\n" % op, records], 1),
                 1,

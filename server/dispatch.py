@@ -601,7 +601,10 @@ class Dispatcher:
         target = self._sync_target(conn, cmd.topic, cmd.partition, cmd.opaque)
         if target is not None:
             plog, tc = target
-            self.appender.synced_batch(conn, plog, tc.stat, body, cmd.opaque, cmd.offset)
+            producer = None
+            if cmd.producer_id is not None and cmd.sequence is not None:
+                producer = (cmd.producer_id, cmd.sequence)
+            self.appender.synced_batch(conn, plog, tc.stat, body, cmd.opaque, cmd.offset, producer)
 
     def _sync_target(
         self, conn: Connection, topic: str, partition: int, opaque: int

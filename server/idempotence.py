@@ -165,16 +165,35 @@ class PartitionProducers:
 
     def record(self, pid: str, seq: int, offset: int, first_id: int, count: int, n: int) -> Stored:
         """A next batch was stamped and placed (the log's ``before_write``): file and memory."""
-        entry = ProducerEntry(pid, seq, count, first_id, offset, n)
+        return self._keep(ProducerEntry(pid, seq, count, first_id, offset, n), pending=True)
+
+    def _keep(self, entry: ProducerEntry, *, pending: bool) -> Stored:
         self.file.append(entry)
+        pid = entry.producer_id
         self._lost_next.pop(pid, None)
-        stored = Stored(entry, pending=True)
+        stored = Stored(entry, pending=pending)
         batches = self._producers.get(pid)
         if batches is None:
             self._remember(pid, collections.deque([stored], maxlen=WINDOW))
         else:
             batches.append(stored)
         return stored
+
+    def replicated(self, pid: str, seq: int) -> None:
+        """A replica is about to store the master's batch ``seq`` of ``pid`` (its master
+        decided it was the next one): a remembered batch with that sequence - one the master
+        failed and stored again after a retry - is forgotten, with every later one."""
+        batches = self._batches(pid)
+        for stored in batches or ():
+            if stored.entry.sequence == seq:
+                self.forget(pid, stored)
+                return
+
+    def adopt(self, entry: ProducerEntry) -> None:
+        """A replica copied the master's batch ``entry`` names (an async slave, the entry
+        from the master's ``producers.idem``): file and memory, as the master recorded it."""
+        self.replicated(entry.producer_id, entry.sequence)
+        self._keep(entry, pending=False)
 
     def forget(self, pid: str, stored: Stored) -> None:
         """A recorded batch failed (nothing acknowledged): drop it and every later one."""

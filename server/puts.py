@@ -236,11 +236,15 @@ class Appender:
         body: bytearray,
         opaque: int,
         offset: int | None = None,
+        producer: tuple[str, int] | None = None,
     ) -> None:
         """Append a ``bsync`` body as it is (the master's ids and flags), after any ``sync``
         records of that log queued earlier in this iteration (one connection's order kept);
         with ``offset`` (the 8-token form) only if the log ends exactly there (409 else,
-        nothing written)."""
+        nothing written).  ``producer`` = (id, sequence) of a batch the master took as an
+        idempotent ``bput``: recorded in ``producers.idem`` before its bytes are written, that
+        file synced before the reply - as the master did (no sequence check: the master
+        decided)."""
         entry = self._synced.pop(id(plog), None)
         if entry is not None:
             self._append(entry[0], entry[1], entry[2], entry[3], stamp_ids=False)
@@ -249,9 +253,18 @@ class Appender:
             why = f"offset mismatch: this log ends at {plog.write_offset}, not at {offset}"
             conn.result(409, why.encode(), opaque)
             return
+        idem = None
+        if producer is not None:
+            try:
+                producers = self.idempotence.producers(plog)
+                producers.replicated(*producer)
+            except OSError as exc:  # producers.idem could not be read
+                self._fail(BatchWaiter(conn, opaque), 500, f"Put message failed: {exc}")
+                return
+            idem = IdemBatch(producers, *producer)
         conn.request_started()
         first = _FIRST_ID.unpack_from(body, 8)[0] if len(body) >= HEADER_SIZE else 0
-        self._append(plog, stat, body, BatchWaiter(conn, opaque, first), stamp_ids=False)
+        self._append(plog, stat, body, BatchWaiter(conn, opaque, first, idem), stamp_ids=False)
 
     def flush_all(self) -> None:
         self._flush_scheduled = False
@@ -312,8 +325,9 @@ class Appender:
                 before_write=idem.before_write(len(records)) if idem is not None else None,
             )
             if both is not None and link is not None:  # stamped: send these very records
+                producer = (idem.pid, idem.seq) if idem is not None else None
                 link.replicate(
-                    plog.topic, plog.partition, records, appended.offset
+                    plog.topic, plog.partition, records, appended.offset, producer
                 ).add_done_callback(both.remote)
             if inline:
                 if not self._to_sync:

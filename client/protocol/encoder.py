@@ -133,16 +133,18 @@ def _batch(verb: str, cmd: BatchPutCommand | BatchSyncCommand) -> tuple[bytes, B
             if cmd.producer_id is not None:
                 raise LocalProtocolError("a transactional bput is not idempotent (no producer id)")
             head.append(_tx_key(cmd.tx_key))
-    elif cmd.offset is not None:
-        if not isinstance(cmd.offset, int) or not 0 <= cmd.offset < 1 << 63:
-            raise LocalProtocolError(f"offset {cmd.offset!r} is not a non-negative int64")
-        head.append(str(cmd.offset))
+    else:
+        if cmd.offset is not None:
+            if not isinstance(cmd.offset, int) or not 0 <= cmd.offset < 1 << 63:
+                raise LocalProtocolError(f"offset {cmd.offset!r} is not a non-negative int64")
+            head.append(str(cmd.offset))
+        head += _idempotence(cmd)
     head.append(_i32(cmd.opaque, "opaque"))
     return _line(*head), body
 
 
-def _idempotence(cmd: BatchPutCommand) -> list[str]:
-    """The 9-token bput's ``<producerId> <sequence>`` (none for the 7-token form)."""
+def _idempotence(cmd: BatchPutCommand | BatchSyncCommand) -> list[str]:
+    """An idempotent bput's (or its bsync's) ``<producerId> <sequence>`` (none without)."""
     if (cmd.producer_id is None) != (cmd.sequence is None):
         raise LocalProtocolError("producer_id and sequence go together (both or neither)")
     if cmd.producer_id is None:

@@ -248,14 +248,16 @@ class SyncCommand:
 
 @dataclass(frozen=True, slots=True)
 class BatchSyncCommand:
-    """pymetaq ``bsync <topic> <partition> <len> <count> <checksum> [<offset>] <opaque>\\r\\n
-    <body>``.
+    """pymetaq ``bsync <topic> <partition> <len> <count> <checksum> [<offset>] [<producerId>
+    <sequence>] <opaque>\\r\\n<body>``.
 
     Master to slave: ``body`` = ``count`` complete records exactly as the master stored them
     (its ids and flags); ``checksum`` = CRC32(body) & 0x7FFFFFFF or ``None`` (``-1``).  The
-    parser hands out a fresh ``bytearray``.  ``offset`` (the 8-token form): where the batch
-    starts on the master; the slave stores it only if its log ends exactly there (a replica
-    kept offset for offset: a rejoined master, pymetaq.ha.rejoin).
+    parser hands out a fresh ``bytearray``.  ``offset`` (the 8- and 10-token forms): where the
+    batch starts on the master; the slave stores it only if its log ends exactly there (a
+    replica kept offset for offset: a rejoined master, pymetaq.ha.rejoin).  ``producer_id`` and
+    ``sequence`` (the 9- and 10-token forms): the batch was an idempotent ``bput`` of that
+    producer; the slave records it in the partition's ``producers.idem`` as the master did.
     """
 
     topic: str
@@ -265,6 +267,8 @@ class BatchSyncCommand:
     checksum: int | None = None
     opaque: int = 0
     offset: int | None = None
+    producer_id: str | None = None
+    sequence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

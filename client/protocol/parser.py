@@ -9,7 +9,7 @@ followed by a body when the verb carries a length token:
 | put      | server | 6, 7, 8  | 3            | ``Limits.max_body``    |
 | sync     | server | 7, 8     | 3            | ``Limits.max_body``    |
 | bput     | server | 7, 8, 9  | 3            | ``Limits.max_batch_body`` |
-| bsync    | server | 7, 8     | 3            | ``Limits.max_batch_body`` |
+| bsync    | server | 7 .. 10  | 3            | ``Limits.max_batch_body`` |
 | get      | server | 7, 8     | -            |                        |
 | offset   | server | 6        | -            |                        |
 | stats    | server | 1, 2, 3  | -            |                        |
@@ -215,11 +215,17 @@ def _bput(t: Tokens, body: Body) -> BatchPutCommand:
 
 
 def _bsync(t: Tokens, body: Body) -> BatchSyncCommand:
-    _need(t, 7, 8)
+    _need(t, 7, 8, 9, 10)
     assert isinstance(body, bytearray)
-    offset = _i64(t[6], "offset") if len(t) == 8 else None
+    offset = _i64(t[6], "offset") if len(t) in (8, 10) else None
     if offset is not None and offset < 0:
         raise _Bad("negative offset")
+    producer_id: str | None = None
+    sequence: int | None = None
+    if len(t) >= 9:
+        if not _PRODUCER_ID.fullmatch(t[-3]):
+            raise _Bad("invalid producer id (32 lowercase hex digits)")
+        producer_id, sequence = t[-3].decode("ascii"), _int(t[-2], "sequence", 0)
     return BatchSyncCommand(
         _str(t[1], "topic"),
         _int(t[2], "partition"),
@@ -228,6 +234,8 @@ def _bsync(t: Tokens, body: Body) -> BatchSyncCommand:
         _checksum(t[5]),
         _int(t[-1], "opaque"),
         offset,
+        producer_id,
+        sequence,
     )
 
 

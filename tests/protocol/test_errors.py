@@ -71,6 +71,19 @@ NON_FATAL: list[tuple[Role, bytes, str, int | None]] = [
         "invalid bput command: 10 tokens",
         3,
     ),
+    (
+        Role.SERVER,
+        b"bsync t 0 2 1 -1 x 0 3\r\nhi",
+        "invalid producer id (32 lowercase hex digits)",
+        3,
+    ),
+    (Role.SERVER, b"bsync t 0 2 1 -1 " + b"ab" * 16 + b" -1 3\r\nhi", "sequence out of range", 3),
+    (
+        Role.SERVER,
+        b"bsync t 0 2 1 -1 7 " + b"ab" * 16 + b" 0 x 3\r\nhi",
+        "invalid bsync command: 11 tokens",
+        3,
+    ),
     (  # 8 tokens: a transactional bput, whose key slot holds no transaction key
         Role.SERVER,
         b"bput t 0 2 1 -1 " + b"ab" * 16 + b" 3\r\nhi",

@@ -148,6 +148,16 @@ SERVER_CASES: list[tuple[bytes, Event, bool]] = [
         BatchSyncCommand("t", 1, RECORDS, 2, None, 20, 1048576),
         True,
     ),
+    (  # an idempotent bput's batch: its producer id and sequence before the opaque
+        b"bsync t 1 %d 2 -1 %s 7 21\r\n" % (len(RECORDS), b"ab" * 16) + RECORDS,
+        BatchSyncCommand("t", 1, RECORDS, 2, None, 21, None, "ab" * 16, 7),
+        True,
+    ),
+    (  # both: the aligned offset, then the producer id and sequence
+        b"bsync t 1 %d 2 -1 1048576 %s 0 22\r\n" % (len(RECORDS), b"cd" * 16) + RECORDS,
+        BatchSyncCommand("t", 1, RECORDS, 2, None, 22, 1048576, "cd" * 16, 0),
+        True,
+    ),
     (  # the idempotent form: producer id and sequence before the opaque
         b"bput t 2 %d 2 -1 %s 7 17\r\n" % (len(RECORDS), b"ab" * 16) + RECORDS,
         BatchPutCommand("t", 2, RECORDS, 2, None, 17, "ab" * 16, 7),

@@ -1,0 +1,116 @@
+"""Idempotent producers across replication and failover, with real broker processes.
+
+A samsa master sends a pymetaq gregor slave each idempotent ``bput``'s batch as a ``bsync``
+carrying the producer id and sequence; the slave records them in the partition's
+``producers.idem`` before it confirms.  After the master is SIGKILLed and the slave promoted
+(real ZooKeeper), a producer's retry of a batch the old master stored is answered with the
+original reply (``put_duplicate`` counted), a gap gets the same 409 the old master would have
+sent, and the partition holds each record once.  An async slave that caught up answers the
+same after a manual switch (restarted as a master on its own data).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pymetaq.client.protocol import BatchPutCommand, ResultReply, encode
+from pymetaq.storage.checksum import checksum
+from pymetaq.storage.producers import FILE_NAME, ProducerEntry, decode_entries
+from pymetaq.storage.record import encode_record
+from tests._helpers import wait_for
+from tests._services import free_port
+from tests.ha._helpers import records, start_gregor, start_samsa, stats
+from tests.ha.test_failover import failover_line, start_pair
+from tests.server._helpers import Wire
+
+pytestmark = [pytest.mark.integration]
+
+PID = "00112233445566778899aabbccddeeff"
+
+
+def ibput(partition: int, payloads: list[bytes], seq: int, opaque: int, pid: str = PID) -> bytes:
+    """An idempotent ``bput`` of ``orders-<partition>`` (the 9-token form)."""
+    body = b"".join(encode_record(p) for p in payloads)
+    crc = checksum(body)
+    return encode(BatchPutCommand("orders", partition, body, len(payloads), crc, opaque, pid, seq))
+
+
+def ok(reply: object) -> bytes:
+    assert isinstance(reply, ResultReply) and reply.code == 200, reply
+    return reply.body
+
+
+def send_batches(address: tuple[str, int], n: int) -> list[bytes]:
+    """Batches 0..n-1 of PID (three records each) to partition 0: their replies."""
+    with Wire(address) as w:
+        return [
+            ok(w.call(ibput(0, [b"b%d-%d" % (s, i) for i in range(3)], s, s))) for s in range(n)
+        ]
+
+
+def entries(data: Path) -> list[ProducerEntry]:
+    got, _ = decode_entries((data / "orders-0" / FILE_NAME).read_bytes())
+    return got
+
+
+def counter(broker_stats: list[str], name: str) -> int:
+    return next(int(ln.split()[1]) for ln in broker_stats if ln.startswith(name + " "))
+
+
+def assert_answers_as_the_old_master(address: tuple[str, int], replies: list[bytes]) -> None:
+    """Retries of the last batches get their original replies, a gap the 409, the next batch
+    is stored once after them."""
+    n = len(replies)
+    with Wire(address) as w:
+        for seq in (n - 1, n - 3):
+            retry = ibput(0, [b"b%d-%d" % (seq, i) for i in range(3)], seq, 100 + seq)
+            assert ok(w.call(retry)) == replies[seq], f"batch {seq} retried"
+        gap = w.call(ibput(0, [b"gap"], n + 1, 200))
+        assert gap == ResultReply(
+            409, f"out of order sequence {n + 1} of producer {PID}: expected {n}".encode(), 200
+        )
+        nxt = ok(w.call(ibput(0, [b"next"], n, 201)))
+        last = replies[-1].split()
+        assert int(nxt.split()[2]) == int(last[2]) + 3 * (20 + len(b"b0-0")), (nxt, last)
+
+
+def assert_each_once(broker_records: list[tuple[int, int, bytes]], n: int) -> None:
+    payloads = [data for _, _, data in broker_records]
+    want = [b"b%d-%d" % (s, i) for s in range(n) for i in range(3)] + [b"next"]
+    assert payloads == want
+
+
+def test_gregor_records_the_masters_producer_entries(tmp_path: Path) -> None:
+    """Every idempotent batch reaches the slave's producers.idem before the put is acked,
+    exactly as the master recorded it; a plain bput adds no entry."""
+    port = free_port()
+    with start_gregor(tmp_path, port) as slave, start_samsa(tmp_path, port) as master:
+        wait_for(lambda: "form bsync" in stats(master, "replication")[0], 30, "bsync detected")
+        replies = send_batches(master.address, 6)
+        with Wire(master.address) as w:
+            ok(w.call(b"bput orders 0 21 1 -1 1\r\n" + encode_record(b"p")))
+        # acked => the slave's entries are written (they are synced before its reply)
+        theirs, ours = entries(slave.data_path), entries(master.data_path)
+        assert theirs == ours and [e.sequence for e in theirs] == list(range(6))
+        for entry, reply in zip(theirs, replies, strict=True):
+            assert reply == b"%d 0 %d %d" % (entry.first_id, entry.offset, entry.count)
+        assert records(slave, 0) == records(master, 0)
+
+
+@pytest.mark.zk
+def test_promoted_gregor_answers_a_retry_as_the_old_master(tmp_path: Path, zk_hosts: str) -> None:
+    slave, master = start_pair(tmp_path, zk_hosts)
+    with slave, master:
+        replies = send_batches(master.address, 6)
+        master.kill()  # the acks of the last batches may be lost: the producer retries
+        wait_for(lambda: failover_line(slave).startswith("epoch 2 state master"), 60, "promoted")
+        before = counter(stats(slave, ""), "put_duplicate")
+        assert_answers_as_the_old_master(slave.address, replies)
+        assert counter(stats(slave, ""), "put_duplicate") == before + 2
+        assert_each_once(records(slave, 0), 6)
+        slave.kill()  # and after a crash of the promoted slave, from its producers.idem
+        slave.restart()
+        with Wire(slave.address) as w:
+            assert ok(w.call(ibput(0, [b"b5-0", b"b5-1", b"b5-2"], 5, 1))) == replies[5]
