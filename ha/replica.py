@@ -14,6 +14,13 @@ prefix of the master's, byte for byte and file for file:
    (``append(new_segment=True)``).  So the segment files have the same names and contents.
    The next ``get`` is pipelined with that ``offset``: one round trip per fetch.
 
+4. From a pymetaq master (:attr:`PartitionReplica.producers` set), ``producers <topic>
+   <slaveGroup> <p> <X> <X+n>`` (pipelined too) fetches the master's idempotent producers'
+   entries of the batches that end in the copied range; they are recorded (the broker's
+   ``producers.idem`` and memory, :meth:`ProducerSink.adopt`) in the append's ``before_write``,
+   before the bytes, and that file is synced once the records are durable - as the master
+   did - so a slave switched to master answers a producer's retry as the master would have.
+
 An empty partition starts at the master's first offset (the log is created there); after a
 restart the replica resumes from its own log end (recovery has cut any torn tail).  A slave
 whose end is below the master's first offset (the master's retention deleted what the slave
@@ -34,12 +41,21 @@ import asyncio
 import logging
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from pymetaq.client.protocol import GetCommand, OffsetCommand, ResultReply, ValueReply
-from pymetaq.storage import MessageStoreManager, PartitionLog, StorageError
+from pymetaq.client.protocol import (
+    GetCommand,
+    OffsetCommand,
+    ProducersCommand,
+    ResultReply,
+    ValueReply,
+)
+from pymetaq.client.protocol.model import PRODUCERS_MAX_ENTRIES
+from pymetaq.storage import AppendResult, MessageStoreManager, PartitionLog, StorageError
 from pymetaq.storage.ids import id_time_ms
+from pymetaq.storage.producers import ProducerEntry, decode_entries
 from pymetaq.storage.record import HEADER_SIZE
 
 log = logging.getLogger("pymetaq.ha")
@@ -48,6 +64,16 @@ _LEN = struct.Struct(">i")
 _ID = struct.Struct(">q")
 #: largest fetch a replica grows to for one oversize record (doubling from maxTransferSize)
 MAX_FETCH = 256 << 20
+
+
+class ProducerSink(Protocol):
+    """Where an async slave records the master's idempotent producers' entries (the
+    broker's :class:`pymetaq.server.idempotence.Idempotence`)."""
+
+    def adopt(self, plog: PartitionLog, entries: list[ProducerEntry]) -> Callable[[], None]:
+        """Record ``entries`` (called in the log's ``before_write``); returns what makes them
+        durable (called from the flusher thread)."""
+        ...
 
 
 class ReplicaError(Exception):
@@ -117,6 +143,8 @@ class PartitionReplica:
         self.error: str | None = None
         self.last_id_ms: int | None = None  # time in the newest appended record's id
         self.appended = 0  # bytes appended by this run
+        #: records the master's producer entries (None: a MetaQ master, which has none)
+        self.producers: ProducerSink | None = None
 
     # -- status ----------------------------------------------------------------------------
     def status(self, now_ms: float | None = None) -> ReplicaStatus:
@@ -163,11 +191,41 @@ class PartitionReplica:
                 continue
             req = OffsetCommand(self.topic, self.group, self.partition, x)
             nearest = conn.send_request(req, 30.0)
+            asked = self._ask_entries(conn, x, x + n) if self.producers is not None else None
             pending = self._get(conn, x + n)  # pipelined with the offset request
             answer = await nearest
             if not isinstance(answer, ResultReply) or answer.code != 200:
                 raise ReplicaError(f"offset {x} on the master failed: {_describe(answer)}")
-            self._append(plog, x, reply.data, n, last_id, int(answer.body) == x)
+            entries = await self._entries(conn, asked, x, x + n) if asked is not None else []
+            self._append(plog, x, reply.data, n, last_id, int(answer.body) == x, entries)
+
+    def _ask_entries(self, conn: Any, after: int, upto: int) -> asyncio.Future[Any]:
+        cmd = ProducersCommand(self.topic, self.group, self.partition, after, upto)
+        fut: asyncio.Future[Any] = conn.send_request(cmd, 30.0)
+        return fut
+
+    async def _entries(
+        self, conn: Any, asked: asyncio.Future[Any], after: int, upto: int
+    ) -> list[ProducerEntry]:
+        """The master's entries of the batches ending in ``(after, upto]`` (asked again past
+        a full reply)."""
+        out: list[ProducerEntry] = []
+        while True:
+            reply = await asked
+            if not isinstance(reply, ResultReply) or reply.code != 200:
+                raise ReplicaError(f"producers {after} on the master failed: {_describe(reply)}")
+            got, good = decode_entries(reply.body)
+            if good != len(reply.body) or len(got) > PRODUCERS_MAX_ENTRIES:
+                raise ReplicaError(f"producers {after} on the master: a damaged reply")
+            for e in got:
+                end = e.offset + e.length
+                if not after < end <= upto or e.count <= 0 or e.length < HEADER_SIZE * e.count:
+                    raise ReplicaError(f"producers {after} on the master: {e} is out of range")
+            out += got
+            if len(got) < PRODUCERS_MAX_ENTRIES:
+                return out
+            after = got[-1].offset + got[-1].length
+            asked = self._ask_entries(conn, after, upto)
 
     def _get(self, conn: Any, offset: int) -> asyncio.Future[Any]:
         cmd = GetCommand(
@@ -177,11 +235,39 @@ class PartitionReplica:
         return fut
 
     def _append(
-        self, plog: PartitionLog, x: int, data: bytes, n: int, last_id: int, new_segment: bool
+        self,
+        plog: PartitionLog,
+        x: int,
+        data: bytes,
+        n: int,
+        last_id: int,
+        new_segment: bool,
+        entries: list[ProducerEntry] | None = None,
     ) -> None:
+        sink = self.producers
+        synced: list[Callable[[], None]] = []
+
+        def before_write(_offset: int, _first_id: int, _count: int) -> None:
+            assert sink is not None and entries
+            synced.append(sink.adopt(plog, entries))
+
+        def on_durable(_result: AppendResult, exc: BaseException | None) -> None:
+            if exc is None and synced:
+                try:
+                    synced[0]()  # the entries are durable with the records
+                except OSError as e:
+                    log.error("%s: syncing the producers file failed: %s", plog.name, e)
+
+        hooks = bool(entries) and sink is not None
         try:
-            plog.append(bytearray(memoryview(data)[:n]), stamp_ids=False, new_segment=new_segment)
-        except StorageError as e:
+            plog.append(
+                bytearray(memoryview(data)[:n]),
+                stamp_ids=False,
+                new_segment=new_segment,
+                before_write=before_write if hooks else None,
+                on_durable=on_durable if hooks else None,
+            )
+        except (StorageError, OSError) as e:
             raise ReplicaError(f"appending {n} bytes at {x} failed: {e}") from e
         self.appended += n
         self.last_id_ms = id_time_ms(last_id)

@@ -28,11 +28,18 @@ import time
 from collections.abc import Callable
 
 from pymetaq.client.errors import MetaClientError
-from pymetaq.client.protocol import Limits, ResultReply, StatsCommand
+from pymetaq.client.protocol import Limits, ResultReply, StatsCommand, VersionCommand
 from pymetaq.client.protocol.zk import parse_meta_url
 from pymetaq.client.transport.connection import BrokerConnection
 from pymetaq.ha.config import SlaveConfig
-from pymetaq.ha.replica import MAX_FETCH, PartitionReplica, ReplicaError, ReplicaStatus
+from pymetaq.ha.replica import (
+    MAX_FETCH,
+    PartitionReplica,
+    ProducerSink,
+    ReplicaError,
+    ReplicaStatus,
+)
+from pymetaq.ha.sync import PYMETAQ_VERSION
 from pymetaq.storage import MessageStoreManager
 
 log = logging.getLogger("pymetaq.ha")
@@ -73,6 +80,7 @@ class AsyncSlave:
         replicated: Callable[[str, int], bool],
         fetch_size: int,
         apply_master_config: Callable[[str], None] | None = None,
+        producers: ProducerSink | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -82,6 +90,9 @@ class AsyncSlave:
         self._synced_checksum: str | None = None  # the master's config last copied
         self.apply_master_config = apply_master_config
         self.replicas: dict[Key, PartitionReplica] = {}
+        #: where the master's idempotent producers' entries go (a pymetaq master only)
+        self.producers = producers
+        self._sink: ProducerSink | None = None  # this round's: set if the master is pymetaq
         self.state = "waiting for the master to register"
         self.connected_to: str | None = None
         self._task: asyncio.Task[None] | None = None
@@ -138,6 +149,12 @@ class AsyncSlave:
         except BaseException:
             ctl.close()
             raise
+        try:
+            self._sink = await self._producer_sink(ctl)
+        except BaseException:
+            ctl.close()
+            data.close()
+            raise
         tasks: dict[Key, asyncio.Task[None]] = {}
         failed_at: dict[Key, float] = {}
         self.connected_to = url
@@ -164,6 +181,15 @@ class AsyncSlave:
                     await task
             ctl.close()
             data.close()
+
+    async def _producer_sink(self, ctl: BrokerConnection) -> ProducerSink | None:
+        """The sink of this round: only a pymetaq master (its ``version``) is asked for its
+        producers' entries - a MetaQ master never sees the ``producers`` verb."""
+        if self.producers is None:
+            return None
+        reply = await ctl.request(VersionCommand(), 30.0)
+        pymetaq = isinstance(reply, ResultReply) and reply.body.startswith(PYMETAQ_VERSION)
+        return self.producers if pymetaq else None
 
     async def _poll(self, ctl: BrokerConnection) -> dict[Key, tuple[int, int]]:
         reply = await ctl.request(StatsCommand("offsets"), 30.0)
@@ -214,6 +240,7 @@ class AsyncSlave:
                     master_min=lo,
                     master_max=hi,
                 )
+            rep.producers = self._sink
             rep.master_min = lo
             rep.master_max = max(rep.master_max, hi)
             if key in tasks or now - failed_at.get(key, -RETRY_S) < RETRY_S:

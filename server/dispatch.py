@@ -32,6 +32,7 @@ Replies and codes are MetaQ 1.4's (``BrokerCommandProcessor``):
 | version      | 200 version string (also the heartbeat)  |                                          |
 | transaction  | :mod:`pymetaq.server.transaction.handler` (also ``txadmin``, ``stats transactions``) |
 | sync, bsync  | -                                        | 500 not a slave                          |
+| producers    | 200 ``producers.idem`` entries (binary)  | 404 no such store; 500 file unreadable   |
 | admin        | 200 text (:mod:`pymetaq.server.monitor.ops`) | 403 not from a loopback address      |
 |              |                                          | (security off) or no admin right;        |
 |              |                                          | 400/404/500 per action                   |
@@ -83,6 +84,7 @@ from pymetaq.client.protocol import (
     GetCommand,
     Limits,
     OffsetCommand,
+    ProducersCommand,
     ProtocolError,
     PutCommand,
     StatsCommand,
@@ -91,6 +93,7 @@ from pymetaq.client.protocol import (
     TxAdminCommand,
     VersionCommand,
 )
+from pymetaq.client.protocol.model import PRODUCERS_MAX_ENTRIES
 from pymetaq.client.protocol.names import topic_name_error
 from pymetaq.ha.sync import sync_record
 from pymetaq.server.config import TopicConfig
@@ -194,6 +197,7 @@ class Dispatcher:
                 _route(TxAdminCommand, self.tx.on_admin),
                 _route(SyncCommand, self.on_sync),
                 _route(BatchSyncCommand, self.on_bsync),
+                _route(ProducersCommand, self.on_producers),
                 _route(AdminCommand, self.on_admin),
                 _route(AuthCommand, self.guard.on_auth),
             )
@@ -517,21 +521,28 @@ class Dispatcher:
 
     def on_offset(self, conn: Connection, cmd: OffsetCommand) -> None:
         self.stats.counters["cmd_offset"] += 1
-        if self._bad_topic(conn, cmd.topic, cmd.opaque):
-            return
-        plog = self._read_target(conn, cmd.topic, cmd.partition, cmd.opaque)
-        if plog is False:
-            return
+        plog = self._existing_log(conn, cmd.topic, cmd.partition, cmd.opaque)
         if plog is None:
-            conn.result(
-                404,
-                f"The topic `{cmd.topic}` in partition `{cmd.partition}` is not exists".encode(),
-                cmd.opaque,
-            )
             return
         if self._stat_topic(cmd.topic):
             self.stats.realtime("offset", cmd.topic)
         conn.result(200, str(plog.nearest_offset(cmd.offset)).encode(), cmd.opaque)
+
+    def on_producers(self, conn: Connection, cmd: ProducersCommand) -> None:
+        """pymetaq's ``producers``: an async slave asks for the idempotent producers' entries
+        of the range of the log it copied (empty when the partition has none)."""
+        plog = self._existing_log(conn, cmd.topic, cmd.partition, cmd.opaque)
+        if plog is None:
+            return
+        try:
+            producers = self.appender.idempotence.known(plog)
+            found = (
+                producers.between(cmd.after, cmd.upto, PRODUCERS_MAX_ENTRIES) if producers else []
+            )
+        except OSError as exc:
+            conn.result(500, f"producers file: {describe_os_error(exc)}".encode(), cmd.opaque)
+            return
+        conn.result(200, b"".join(e.encode() for e in found), cmd.opaque)
 
     # -- names and damaged partitions (issue 8) -------------------------------------------------
     def _bad_topic(self, conn: Connection, topic: str, opaque: int) -> bool:
@@ -540,6 +551,19 @@ class Dispatcher:
         if bad is not None:
             conn.result(400, bad.encode(), opaque)
         return bad is not None
+
+    def _existing_log(
+        self, conn: Connection, topic: str, partition: int, opaque: int
+    ) -> PartitionLog | None:
+        """The log of an ``offset``/``producers`` request, or None after answering 400 (a bad
+        name), 404 (no store) or 500 (fenced as damaged)."""
+        if self._bad_topic(conn, topic, opaque):
+            return None
+        plog = self._read_target(conn, topic, partition, opaque)
+        if plog is None:
+            text = f"The topic `{topic}` in partition `{partition}` is not exists"
+            conn.result(404, text.encode(), opaque)
+        return None if plog is False else plog
 
     def _read_target(
         self, conn: Connection, topic: str, partition: int, opaque: int

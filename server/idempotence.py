@@ -29,12 +29,19 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pymetaq.client.protocol.model import INT32_MAX
 from pymetaq.storage import PartitionLog
-from pymetaq.storage.producers import ENTRY_SIZE, ProducerEntry, ProducerFile, batch_intact
+from pymetaq.storage.producers import (
+    ENTRY_SIZE,
+    FILE_NAME,
+    ProducerEntry,
+    ProducerFile,
+    batch_intact,
+)
 
 if TYPE_CHECKING:
     from pymetaq.server.connection import Connection
@@ -47,6 +54,9 @@ WINDOW = 5
 MAX_PRODUCERS = 1000
 #: ``producers.idem`` is compacted once it is larger than this (and 4x its live entries)
 COMPACT_BYTES = 1 << 20
+#: entries kept in memory in log order for an async slave's ``producers`` requests; older
+#: ones are read from the file
+RECENT = 8192
 
 
 class SequenceConflict(Exception):
@@ -85,8 +95,14 @@ class PartitionProducers:
         self._unchecked: dict[str, list[ProducerEntry]] = {}
         #: producers whose every remembered batch was lost in a crash: the sequence expected
         self._lost_next: dict[str, int] = {}
-        for entry in self.file.load():
+        loaded = self.file.load()
+        for entry in loaded:
             self._unchecked.setdefault(entry.producer_id, []).append(entry)
+        #: the newest entries in log order (an async slave asks for them by range)
+        self._recent: collections.deque[ProducerEntry] = collections.deque(maxlen=RECENT)
+        self._recent.extend(sorted(loaded, key=lambda e: e.offset))
+        #: entries ending at or before this are no longer all in ``_recent``
+        self._recent_from = self._recent[0].offset if len(loaded) > RECENT else 0
         for entries in self._unchecked.values():
             del entries[:-WINDOW]
         while len(self._unchecked) > MAX_PRODUCERS:
@@ -169,6 +185,9 @@ class PartitionProducers:
 
     def _keep(self, entry: ProducerEntry, *, pending: bool) -> Stored:
         self.file.append(entry)
+        if len(self._recent) == RECENT:
+            self._recent_from = self._recent[1].offset
+        self._recent.append(entry)
         pid = entry.producer_id
         self._lost_next.pop(pid, None)
         stored = Stored(entry, pending=pending)
@@ -203,6 +222,21 @@ class PartitionProducers:
         while batches and batches[-1] is not stored:
             batches.pop()
         batches.pop()
+
+    def between(self, after: int, upto: int, most: int) -> list[ProducerEntry]:
+        """The entries of the batches ending in ``(after, upto]``, oldest first, at most
+        ``most`` (an async slave's ``producers`` request)."""
+        if after < self._recent_from:  # older than memory: the file (bounded by compaction)
+            entries = sorted(self.file.read(), key=lambda e: e.offset)
+        else:
+            entries = []
+            for entry in reversed(self._recent):
+                if entry.offset + entry.length <= after:
+                    break
+                entries.append(entry)
+            entries.reverse()
+        out = [e for e in entries if after < e.offset + e.length <= upto]
+        return out[:most]
 
     def maybe_compact(self) -> None:
         live = sum(len(b) for b in self._producers.values())
@@ -273,6 +307,24 @@ class Idempotence:
                 found.file.close()
             found = self._parts[key] = PartitionProducers(plog)
         return found
+
+    def known(self, plog: PartitionLog) -> PartitionProducers | None:
+        """The partition's producers if it has any (its file exists), else None (no file is
+        created)."""
+        found = self._parts.get((plog.topic, plog.partition))
+        if found is not None and found.plog is plog:
+            return found
+        if not os.path.exists(os.path.join(plog.directory, FILE_NAME)):
+            return None
+        return self.producers(plog)
+
+    def adopt(self, plog: PartitionLog, entries: list[ProducerEntry]) -> Callable[[], None]:
+        """An async slave is about to write the records these master's entries describe (the
+        log's ``before_write``): record them; returns what makes them durable (any thread)."""
+        producers = self.producers(plog)
+        for entry in entries:
+            producers.adopt(entry)
+        return producers.file.sync
 
     def close(self) -> None:
         for parts in self._parts.values():

@@ -117,6 +117,7 @@ def start_slave(broker: Broker) -> AsyncSlave:
         replicated=replicated,
         fetch_size=broker.config.system.max_transfer_size,
         apply_master_config=lambda text: apply_master_config(broker, text),
+        producers=broker.dispatcher.appender.idempotence if broker.dispatcher else None,
     )
     slave.start()
     return slave

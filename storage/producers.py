@@ -125,6 +125,15 @@ class ProducerFile:
             self.size = good
             return entries
 
+    def read(self) -> list[ProducerEntry]:
+        """Every intact entry in the file now (any thread; the file stays as it is)."""
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return []
+        return decode_entries(raw)[0]
+
     def append(self, entry: ProducerEntry) -> None:
         """Write one entry (page cache; :meth:`sync` makes it durable)."""
         data = entry.encode()

@@ -31,6 +31,7 @@ from pymetaq.client.protocol.model import (
     Event,
     GetCommand,
     OffsetCommand,
+    ProducersCommand,
     PutCommand,
     PutForm,
     QuitCommand,
@@ -202,6 +203,21 @@ def _offset(cmd: OffsetCommand) -> tuple[bytes, Body]:
     return line, b""
 
 
+def _producers(cmd: ProducersCommand) -> tuple[bytes, Body]:
+    if not 0 <= cmd.after <= cmd.upto:
+        raise LocalProtocolError(f"invalid range ({cmd.after}, {cmd.upto}]")
+    line = _line(
+        "producers",
+        _s(cmd.topic, "topic"),
+        _s(cmd.group, "group"),
+        _i32(cmd.partition, "partition"),
+        _i64(cmd.after, "offset"),
+        _i64(cmd.upto, "offset"),
+        _i32(cmd.opaque, "opaque"),
+    )
+    return line, b""
+
+
 def _stats(cmd: StatsCommand) -> tuple[bytes, Body]:
     opaque = _i32(cmd.opaque, "opaque")
     if cmd.item == "":
@@ -275,6 +291,7 @@ _ENCODERS: dict[type, Callable[[Any], tuple[bytes, Body]]] = {
     BatchSyncCommand: _bsync,
     GetCommand: _get,
     OffsetCommand: _offset,
+    ProducersCommand: _producers,
     StatsCommand: _stats,
     VersionCommand: _version,
     QuitCommand: _quit,

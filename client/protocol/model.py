@@ -271,6 +271,29 @@ class BatchSyncCommand:
     sequence: int | None = None
 
 
+#: the most entries one ``producers`` reply holds (48 bytes each: 192 KiB)
+PRODUCERS_MAX_ENTRIES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ProducersCommand:
+    """pymetaq ``producers <topic> <group> <partition> <after> <upto> <opaque>``.
+
+    An asynchronous slave asks its master for the idempotent producers' entries (the
+    ``producers.idem`` file's 48-byte entries, :mod:`pymetaq.storage.producers`) of the batches
+    that end in ``(after, upto]``, the range of the log it copied; the reply body is those
+    entries, oldest first, at most :data:`PRODUCERS_MAX_ENTRIES` (a full reply: ask again
+    after the last one's end).  ``group``: the slave's group (the right checked is a ``get``'s).
+    """
+
+    topic: str
+    group: str
+    partition: int
+    after: int
+    upto: int
+    opaque: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class AdminCommand:
     """``admin <action> [<arg>...] <opaque>`` - pymetaq's operations extension (close/open a
@@ -324,6 +347,7 @@ Command: TypeAlias = (
     | TxAdminCommand
     | SyncCommand
     | BatchSyncCommand
+    | ProducersCommand
     | AdminCommand
     | AuthCommand
 )

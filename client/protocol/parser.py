@@ -10,6 +10,7 @@ followed by a body when the verb carries a length token:
 | sync     | server | 7, 8     | 3            | ``Limits.max_body``    |
 | bput     | server | 7, 8, 9  | 3            | ``Limits.max_batch_body`` |
 | bsync    | server | 7 .. 10  | 3            | ``Limits.max_batch_body`` |
+| producers | server | 7       | -            |                        |
 | get      | server | 7, 8     | -            |                        |
 | offset   | server | 6        | -            |                        |
 | stats    | server | 1, 2, 3  | -            |                        |
@@ -67,6 +68,7 @@ from pymetaq.client.protocol.model import (
     GetCommand,
     Limits,
     OffsetCommand,
+    ProducersCommand,
     PutCommand,
     PutForm,
     QuitCommand,
@@ -239,6 +241,21 @@ def _bsync(t: Tokens, body: Body) -> BatchSyncCommand:
     )
 
 
+def _producers(t: Tokens, body: Body) -> ProducersCommand:
+    _need(t, 7)
+    after, upto = _i64(t[4], "offset"), _i64(t[5], "offset")
+    if not 0 <= after <= upto:
+        raise _Bad("invalid range: 0 <= after <= upto")
+    return ProducersCommand(
+        _str(t[1], "topic"),
+        _str(t[2], "group"),
+        _int(t[3], "partition"),
+        after,
+        upto,
+        _int(t[6], "opaque"),
+    )
+
+
 def _sync(t: Tokens, body: Body) -> SyncCommand:
     _need(t, 7, 8)
     checksum = _checksum(t[6]) if len(t) == 8 else None
@@ -350,6 +367,7 @@ _SERVER_VERBS: Final[dict[bytes, _Verb]] = {
     b"bput": _Verb(_bput, 3, batch=True),
     b"sync": _Verb(_sync, 3),
     b"bsync": _Verb(_bsync, 3, batch=True),
+    b"producers": _Verb(_producers),
     b"get": _Verb(_get),
     b"offset": _Verb(_offset),
     b"stats": _Verb(_stats),

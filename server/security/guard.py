@@ -42,6 +42,7 @@ from pymetaq.client.protocol import (
     BatchSyncCommand,
     GetCommand,
     OffsetCommand,
+    ProducersCommand,
     PutCommand,
     StatsCommand,
     SyncCommand,
@@ -126,7 +127,7 @@ class Guard:
         kind = type(cmd)
         if kind is PutCommand or kind is BatchPutCommand:
             return ident.publish_denied(cmd.topic)  # type: ignore[attr-defined]
-        if kind is GetCommand or kind is OffsetCommand:
+        if kind is GetCommand or kind is OffsetCommand or kind is ProducersCommand:
             return ident.subscribe_denied(cmd.topic, cmd.group)  # type: ignore[attr-defined]
         if kind is StatsCommand:
             return ident.admin_denied() if cmd.item in ADMIN_STATS else None  # type: ignore[attr-defined]

@@ -5,8 +5,9 @@ carrying the producer id and sequence; the slave records them in the partition's
 ``producers.idem`` before it confirms.  After the master is SIGKILLed and the slave promoted
 (real ZooKeeper), a producer's retry of a batch the old master stored is answered with the
 original reply (``put_duplicate`` counted), a gap gets the same 409 the old master would have
-sent, and the partition holds each record once.  An async slave that caught up answers the
-same after a manual switch (restarted as a master on its own data).
+sent, and the partition holds each record once.  An async slave that caught up - part of the
+batches copied while they were sent, part after it started late - answers the same after a
+manual switch (MetaQ's: the master stopped, the slave started as a master on its own data).
 """
 
 from __future__ import annotations
@@ -19,9 +20,20 @@ from pymetaq.client.protocol import BatchPutCommand, ResultReply, encode
 from pymetaq.storage.checksum import checksum
 from pymetaq.storage.producers import FILE_NAME, ProducerEntry, decode_entries
 from pymetaq.storage.record import encode_record
+from tests._broker import BrokerProcess
 from tests._helpers import wait_for
 from tests._services import free_port
-from tests.ha._helpers import records, start_gregor, start_samsa, stats
+from tests.ha._helpers import (
+    SYSTEM,
+    TOPICS,
+    offsets,
+    records,
+    start_gregor,
+    start_master,
+    start_samsa,
+    start_slave,
+    stats,
+)
 from tests.ha.test_failover import failover_line, start_pair
 from tests.server._helpers import Wire
 
@@ -42,11 +54,12 @@ def ok(reply: object) -> bytes:
     return reply.body
 
 
-def send_batches(address: tuple[str, int], n: int) -> list[bytes]:
-    """Batches 0..n-1 of PID (three records each) to partition 0: their replies."""
+def send_batches(address: tuple[str, int], n: int, start: int = 0) -> list[bytes]:
+    """Batches start..n-1 of PID (three records each) to partition 0: their replies."""
     with Wire(address) as w:
         return [
-            ok(w.call(ibput(0, [b"b%d-%d" % (s, i) for i in range(3)], s, s))) for s in range(n)
+            ok(w.call(ibput(0, [b"b%d-%d" % (s, i) for i in range(3)], s, s)))
+            for s in range(start, n)
         ]
 
 
@@ -73,7 +86,8 @@ def assert_answers_as_the_old_master(address: tuple[str, int], replies: list[byt
         )
         nxt = ok(w.call(ibput(0, [b"next"], n, 201)))
         last = replies[-1].split()
-        assert int(nxt.split()[2]) == int(last[2]) + 3 * (20 + len(b"b0-0")), (nxt, last)
+        size = sum(20 + len(b"b%d-%d" % (n - 1, i)) for i in range(3))
+        assert int(nxt.split()[2]) == int(last[2]) + size, (nxt, last)
 
 
 def assert_each_once(broker_records: list[tuple[int, int, bytes]], n: int) -> None:
@@ -97,6 +111,18 @@ def test_gregor_records_the_masters_producer_entries(tmp_path: Path) -> None:
         for entry, reply in zip(theirs, replies, strict=True):
             assert reply == b"%d 0 %d %d" % (entry.first_id, entry.offset, entry.count)
         assert records(slave, 0) == records(master, 0)
+        # what an async slave asks: the entries of the batches ending in a range
+        with Wire(master.address) as w:
+            end = ours[-1].offset + ours[-1].length
+            got = ok(w.call(b"producers orders g 0 %d %d 1\r\n" % (ours[1].offset, end)))
+            assert got == b"".join(e.encode() for e in ours[1:])
+            missing = w.call(b"producers orders g 1 0 100 2\r\n")
+            assert missing == ResultReply(
+                404, b"The topic `orders` in partition `1` is not exists", 2
+            )
+            ok(w.call(b"bput orders 1 21 1 -1 3\r\n" + encode_record(b"q")))
+            assert ok(w.call(b"producers orders g 1 0 100 4\r\n")) == b""
+        assert not (master.data_path / "orders-1" / FILE_NAME).exists()
 
 
 @pytest.mark.zk
@@ -114,3 +140,25 @@ def test_promoted_gregor_answers_a_retry_as_the_old_master(tmp_path: Path, zk_ho
         slave.restart()
         with Wire(slave.address) as w:
             assert ok(w.call(ibput(0, [b"b5-0", b"b5-1", b"b5-2"], 5, 1))) == replies[5]
+
+
+@pytest.mark.zk
+def test_async_slave_switched_to_master_answers_a_retry_as_the_master(
+    tmp_path: Path, zk_hosts: str
+) -> None:
+    n = 120
+    with start_master(tmp_path, zk_hosts) as master:
+        replies = send_batches(master.address, n // 2)  # before the slave exists
+        with start_slave(tmp_path, zk_hosts) as slave:
+            replies += send_batches(master.address, n, start=n // 2)
+            key = ("orders", 0)
+            wait_for(lambda: offsets(slave).get(key) == offsets(master)[key], 60, "caught up")
+            assert entries(slave.data_path) == entries(master.data_path)
+            master.kill()
+            assert slave.terminate() == 0
+    # the manual switch: the slave's data served by a broker started as a master
+    system = {**SYSTEM, "dataPath": str(slave.data_path)}
+    with BrokerProcess.start(tmp_path, name="switched", system=system, topics=TOPICS) as new:
+        assert_answers_as_the_old_master(new.address, replies)
+        assert counter(stats(new, ""), "put_duplicate") == 2
+        assert_each_once(records(new, 0), n)

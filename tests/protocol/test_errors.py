@@ -84,6 +84,9 @@ NON_FATAL: list[tuple[Role, bytes, str, int | None]] = [
         "invalid bsync command: 11 tokens",
         3,
     ),
+    (Role.SERVER, b"producers t g 0 10 5 3\r\n", "invalid range: 0 <= after <= upto", 3),
+    (Role.SERVER, b"producers t g 0 -1 5 3\r\n", "invalid range: 0 <= after <= upto", 3),
+    (Role.SERVER, b"producers t g 0 5 3\r\n", "invalid producers command: 6 tokens", 3),
     (  # 8 tokens: a transactional bput, whose key slot holds no transaction key
         Role.SERVER,
         b"bput t 0 2 1 -1 " + b"ab" * 16 + b" 3\r\nhi",

@@ -17,6 +17,7 @@ from pymetaq.client.protocol import (
     LocalProtocolError,
     OffsetCommand,
     Parser,
+    ProducersCommand,
     ProtocolError,
     PutCommand,
     PutForm,
@@ -156,6 +157,11 @@ SERVER_CASES: list[tuple[bytes, Event, bool]] = [
     (  # both: the aligned offset, then the producer id and sequence
         b"bsync t 1 %d 2 -1 1048576 %s 0 22\r\n" % (len(RECORDS), b"cd" * 16) + RECORDS,
         BatchSyncCommand("t", 1, RECORDS, 2, None, 22, 1048576, "cd" * 16, 0),
+        True,
+    ),
+    (  # an async slave asks its master for the producers' entries of a copied range
+        b"producers t meta-slave-group_1 0 0 4096 23\r\n",
+        ProducersCommand("t", "meta-slave-group_1", 0, 0, 4096, 23),
         True,
     ),
     (  # the idempotent form: producer id and sequence before the opaque
