@@ -11,8 +11,10 @@ Crash safety: the cut is first recorded as an **intent**, ``<dir>/truncate`` (te
 directory fsynced).  Then, idempotently: every segment (``.meta``/``.meta.new``) starting at
 or after the cut is deleted (the newest first), the segment holding the cut is truncated to
 it and fsynced, gap files at or after the cut are deleted, the ``highwater`` mark is rewritten
-to the cut (fsynced: offsets never go backwards *past a cut someone asked for*), the directory
-is fsynced, and the intent is removed.  :func:`finish_truncation`, run by recovery before it
+to the cut (fsynced: offsets never go backwards *past a cut someone asked for*), the
+idempotent producers' ``producers.idem`` (:mod:`pymetaq.storage.producers`) is rewritten
+without the entries of batches that end past the cut (atomically: written aside, fsynced,
+renamed), the directory is fsynced, and the intent is removed.  :func:`finish_truncation`, run by recovery before it
 opens a partition, completes an intent a crash left behind, so a crash at any point leaves a
 log that recovers to the cut point (never to its old end).  A cut at the log's first offset
 keeps an empty first segment (the log still starts where it started).
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pymetaq.storage.disk import fsync_dir
 from pymetaq.storage.errors import StorageError
 from pymetaq.storage.highwater import encode_high_water, read_gaps
+from pymetaq.storage.producers import ENTRY_SIZE, ProducerFile
 from pymetaq.storage.record import HEADER_SIZE
 from pymetaq.storage.segment import GAP_SUFFIX, HIGH_WATER_FILE, NEW_SUFFIX, SUFFIX, segment_path
 
@@ -48,11 +51,13 @@ class TruncateReport:
     old_end: int
     records: int  # whole records discarded
     bytes: int  # bytes discarded (old_end - offset)
+    producer_entries: int = 0  # producers.idem entries of batches past the cut, dropped
 
     def describe(self) -> str:
+        entries = f", {self.producer_entries} producer entries" if self.producer_entries else ""
         return (
             f"{self.directory}: truncated to {self.offset} (was {self.old_end}): "
-            f"{self.records} record(s), {self.bytes} byte(s) discarded"
+            f"{self.records} record(s), {self.bytes} byte(s){entries} discarded"
         )
 
 
@@ -109,8 +114,8 @@ def truncate_partition(directory: str, offset: int) -> TruncateReport:
         if start + n > offset
     )
     _write_intent(directory, offset)
-    _apply(directory, offset)
-    report = TruncateReport(directory, offset, end, records, end - offset)
+    dropped = _apply(directory, offset)
+    report = TruncateReport(directory, offset, end, records, end - offset, dropped)
     if report.bytes:
         log.warning("%s", report.describe())
     return report
@@ -140,8 +145,26 @@ def _read_intent(directory: str) -> int | None:
     return int(digits)
 
 
-def _apply(directory: str, offset: int) -> None:
-    """Make the directory's log end at ``offset`` (idempotent), then drop the intent."""
+def _cut_producers(directory: str, offset: int) -> int:
+    """Rewrite ``producers.idem`` without the entries of batches ending past ``offset``
+    (idempotent); how many were dropped."""
+    pfile = ProducerFile(directory)
+    if not os.path.exists(pfile.path):
+        return 0
+    entries = pfile.read()
+    kept = [e for e in entries if e.offset + e.length <= offset]
+    if len(kept) == len(entries) and len(entries) * ENTRY_SIZE == os.path.getsize(pfile.path):
+        return 0
+    try:
+        pfile.rewrite(kept)
+    finally:
+        pfile.close()
+    return len(entries) - len(kept)
+
+
+def _apply(directory: str, offset: int) -> int:
+    """Make the directory's log end at ``offset`` (idempotent), then drop the intent; the
+    producer entries dropped."""
     segments = _segments(directory)
     keep_first = segments[0][0] if segments else None
     for start, path in reversed(segments):
@@ -164,9 +187,11 @@ def _apply(directory: str, offset: int) -> None:
         f.write(encode_high_water(offset))
         f.flush()
         os.fsync(f.fileno())
+    dropped = _cut_producers(directory, offset)
     fsync_dir(directory)
     os.unlink(os.path.join(directory, INTENT_FILE))
     fsync_dir(directory)
+    return dropped
 
 
 def finish_truncation(directory: str) -> int | None:

@@ -11,18 +11,35 @@ import pytest
 from pymetaq.storage import MessageStoreManager, StorageError
 from pymetaq.storage import truncate as trunc
 from pymetaq.storage.disk import fsync_dir
+from pymetaq.storage.producers import FILE_NAME, ProducerEntry, ProducerFile, decode_entries
 from pymetaq.storage.record import Record
 from tests.storage._helpers import abandon, batch, manager, read_all, segment_names
 
 SEG = 4096
+PIDS = ["0a" * 16, "0b" * 16]
 
 
 def _fill(m: MessageStoreManager, rng: random.Random, batches: int) -> list[Record]:
+    """``batches`` batches of 3 records, each recorded in ``producers.idem`` as an idempotent
+    producer's batch (one of two producers, numbered per producer)."""
     plog = m.get_log("t", 0)
     assert plog is not None
-    for _ in range(batches):
-        plog.append_sync(batch(rng.randbytes(rng.randrange(1, 400)) for _ in range(3)))
+    pfile = ProducerFile(plog.directory)
+    pfile.load()
+    seqs = [0, 0]
+    for i in range(batches):
+        res = plog.append_sync(batch(rng.randbytes(rng.randrange(1, 400)) for _ in range(3)))
+        pid = i % 2
+        entry = ProducerEntry(PIDS[pid], seqs[pid], 3, res.first_msg_id, res.offset, res.length)
+        pfile.append(entry)
+        seqs[pid] += 1
+    pfile.close()
     return read_all(plog)
+
+
+def _entries(directory: str) -> list[ProducerEntry]:
+    with open(os.path.join(directory, FILE_NAME), "rb") as f:
+        return decode_entries(f.read())[0]
 
 
 def test_truncate_counts_what_it_discards_and_the_log_continues_at_the_cut(
@@ -38,10 +55,16 @@ def test_truncate_counts_what_it_discards_and_the_log_continues_at_the_cut(
         end = plog.max_offset
         k = rng.randrange(0, len(records))
         cut = records[k].offset
+        before = _entries(plog.directory)
         report = m.truncate("t", 0, cut)
         assert (report.offset, report.old_end) == (cut, end)
         assert report.records == len(records) - k
         assert report.bytes == end - cut
+        # the producers' entries of the batches past the cut are gone, the others kept
+        kept = [e for e in before if e.offset + e.length <= cut]  # a cut batch goes too
+        assert _entries(plog.directory) == kept
+        assert report.producer_entries == len(before) - len(kept)
+        assert all(e.offset + e.length <= cut for e in kept)
         plog = m.get_log("t", 0)
         assert plog is not None and plog.max_offset == cut
         assert read_all(plog) == records[:k]
@@ -117,6 +140,8 @@ def test_a_crash_anywhere_in_a_truncation_recovers_to_the_cut(
         else:
             assert got == expected, f"crash after {k} operations"
             assert plog.max_offset == cut
+            assert all(e.offset + e.length <= cut for e in _entries(directory))
+            assert len(_entries(directory)) == len(expected) // 3  # whole batches
         assert not os.path.exists(os.path.join(directory, trunc.INTENT_FILE))
         abandon(m)
         if finished:
