@@ -1,4 +1,4 @@
-"""A seeded fault proxy between a producer and a broker.
+"""A seeded fault proxy between a producer and a broker, and the numbered sends through it.
 
 Requests go to the broker untouched; each ``bput`` reply frame coming back (parsed with the codec's
 client parser, re-encoded byte for byte) is, by a seeded ``random.Random``: forwarded, dropped
@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pymetaq.client import Producer
+from pymetaq.client.producer.batch import SendHandle
 from pymetaq.client.protocol import NEED_DATA, Limits, Parser, ResultReply, Role, encode
 
 
@@ -130,3 +132,43 @@ class FaultProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+
+def retrying_producer(url: str, idempotence: bool = True) -> Producer:
+    """A producer that retries for ever, quickly, in small batches (the faults' tests)."""
+    return Producer(
+        url,
+        idempotence=idempotence,
+        retries=1_000_000,
+        retry_backoff_ms=20,
+        request_timeout_ms=400,
+        connect_timeout_ms=400,
+        batch_messages=10,
+        linger_ms=1,
+    )
+
+
+class NumberedSends:
+    """Sends ``m000000``, ``m000001``, ... (message i to partition i % partitions) on a
+    thread of its own; ``handles`` in send order."""
+
+    def __init__(self, producer: Producer, topic: str, total: int, partitions: int) -> None:
+        self.handles: list[SendHandle] = []
+        self._acked = threading.Semaphore(0)
+
+        def run() -> None:
+            for i in range(total):
+                h = producer.send_async(topic, b"m%06d" % i, partition=i % partitions)
+                h.add_done_callback(lambda _h: self._acked.release())
+                self.handles.append(h)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def wait_done(self, n: int, timeout: float = 60) -> None:
+        """Until ``n`` more sends are done (``timeout`` for each)."""
+        for _ in range(n):
+            assert self._acked.acquire(timeout=timeout), "no progress through the proxy"
+
+    def join(self, timeout: float = 60) -> None:
+        self._thread.join(timeout)

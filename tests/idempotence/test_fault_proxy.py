@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pymetaq.client import Producer
-from pymetaq.client.producer.batch import SendHandle
 from pymetaq.client.protocol import ResultReply, ValueReply
 from pymetaq.storage.record import Record, iter_records
 from tests._broker import BrokerProcess
-from tests.idempotence._helpers import FaultProxy, Faults
+from tests.idempotence._helpers import FaultProxy, Faults, NumberedSends, retrying_producer
 from tests.server._helpers import Wire
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
@@ -59,38 +56,18 @@ def run(broker: BrokerProcess, seed: int, idempotence: bool, total: int) -> tupl
     them were acknowledged; check the log; returns (acknowledged, duplicates in the log)."""
     rng = random.Random(seed)
     proxy = FaultProxy(lambda: broker.address, rng.randrange(1 << 30), Faults())
-    acked = threading.Semaphore(0)
-    handles: list[SendHandle] = []
     try:
-        with Producer(
-            proxy.url,
-            idempotence=idempotence,
-            retries=1_000_000,
-            retry_backoff_ms=20,
-            request_timeout_ms=400,
-            connect_timeout_ms=400,
-            batch_messages=10,
-            linger_ms=1,
-        ) as producer:
-
-            def sender() -> None:
-                for i in range(total):
-                    h = producer.send_async(TOPIC, b"m%06d" % i, partition=i % PARTITIONS)
-                    h.add_done_callback(lambda _h: acked.release())
-                    handles.append(h)
-
-            t = threading.Thread(target=sender, daemon=True)
-            t.start()
-            for _ in range(total // 3):
-                assert acked.acquire(timeout=60), "no progress through the proxy"
+        with retrying_producer(proxy.url, idempotence) as producer:
+            sends = NumberedSends(producer, TOPIC, total, PARTITIONS)
+            sends.wait_done(total // 3)
             broker.kill()
             broker.restart()
-            t.join(60)
+            sends.join()
             assert producer.flush(180), "the producer did not finish"
     finally:
         proxy.close()
     print(f"seed={seed} idempotence={idempotence} proxy={dict(proxy.actions)}")
-    results = [h.result(0) for h in handles]
+    results = [h.result(0) for h in sends.handles]
     failed = [r for r in results if not r.success]
     if failed:
         print("FAILED", len(failed), [str(f.error) for f in failed[:3]])
