@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pymetaq.client.protocol.model import INT32_MAX
+from pymetaq.client.protocol.model import INT32_MAX, PRODUCERS_MAX_ENTRIES
 from pymetaq.storage import PartitionLog
 from pymetaq.storage.producers import (
     ENTRY_SIZE,
@@ -249,6 +249,28 @@ class PartitionProducers:
             self.file.rewrite(entries)
         except OSError as exc:  # the old file is intact: keep appending to it
             log.warning("%s: compacting %s failed: %s", self.plog.name, self.file.path, exc)
+
+
+def next_piece(
+    producers: PartitionProducers | None, start: int, n: int, most: int
+) -> tuple[int, tuple[str, int] | None]:
+    """How much of the ``n`` bytes of whole records at ``start`` a promoted master sends its
+    rejoining replica as one ``bsync`` (:mod:`pymetaq.server.rejoin`), and the producer of
+    that piece: an idempotent producer's batch goes alone, with its (producer id, sequence),
+    so the replica records it in its ``producers.idem`` as this broker did; the bytes before
+    it go without.  ``most``: the largest batch (batches end at most that far past ``start +
+    n``)."""
+    if producers is None:
+        return n, None
+    ending = producers.between(start, start + n + most, PRODUCERS_MAX_ENTRIES)
+    batch = next((e for e in ending if start <= e.offset < start + n), None)
+    if batch is None:
+        return n, None
+    if batch.offset > start:
+        return batch.offset - start, None
+    if batch.length > n:  # not all of it was read: sent as plain bytes
+        return n, None
+    return batch.length, (batch.producer_id, batch.sequence)
 
 
 class IdemBatch:

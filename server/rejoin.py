@@ -52,6 +52,7 @@ from pymetaq.ha.rejoin import (
     whole_records,
 )
 from pymetaq.ha.sync import BSYNC_MAX, SyncLink
+from pymetaq.server.idempotence import next_piece
 
 if TYPE_CHECKING:
     from pymetaq.server.broker import Broker
@@ -465,11 +466,13 @@ class Reattach:
         if plog is None or start >= plog.write_offset:
             return None
         data = plog.read_written(start, BSYNC_MAX)
-        n = whole_records(data)
-        if n == 0:
+        if not (n := whole_records(data)):
             raise RejoinError(f"{key[0]}-{key[1]}: no whole record at {start}")
+        dispatcher = self.broker.dispatcher  # an idempotent batch goes alone, with its producer
+        idem = dispatcher.appender.idempotence.known(plog) if dispatcher else None
+        n, producer = next_piece(idem, start, n, BSYNC_MAX)
         sent[key] = start + n
-        return link.replicate(key[0], key[1], data[:n], start)
+        return link.replicate(key[0], key[1], data[:n], start, producer)
 
     def _unhealthy(self) -> None:
         if self.link is not None and not self.closed:

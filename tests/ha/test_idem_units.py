@@ -1,5 +1,6 @@
 """Unit tests of the replicated producer state: the master's entries by range (memory, then
-the file), a replica adopting them, and an async replica paging through full replies."""
+the file), a replica adopting them, an async replica paging through full replies, and the
+pieces a promoted master cuts a rejoining replica's gap into."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from pymetaq.client.protocol import ProducersCommand, ResultReply
 from pymetaq.ha.replica import PartitionReplica, ReplicaError
 from pymetaq.server import idempotence
-from pymetaq.server.idempotence import PartitionProducers
+from pymetaq.server.idempotence import PartitionProducers, next_piece
 from pymetaq.storage.producers import ProducerEntry
 
 A = "aa" * 16
@@ -67,6 +68,18 @@ def test_adopting_a_sequence_again_replaces_it_and_the_later_ones(tmp_path: Path
     assert p.check(A, 2) is None  # batch 2 is the next one again
     dup = p.check(A, 1)
     assert dup is not None and dup.entry.offset == 120
+
+
+def test_a_rejoining_replicas_gap_sends_each_idempotent_batch_alone(tmp_path: Path) -> None:
+    p = producers(tmp_path)
+    p.adopt(entry(A, 0, 100))
+    p.adopt(entry(B, 0, 140))
+    assert next_piece(None, 0, 500, 1000) == (500, None)
+    assert next_piece(p, 0, 500, 1000) == (100, None)  # the bytes before the first batch
+    assert next_piece(p, 100, 400, 1000) == (40, (A, 0))
+    assert next_piece(p, 140, 360, 1000) == (40, (B, 0))
+    assert next_piece(p, 180, 320, 1000) == (320, None)  # no batch of a producer after it
+    assert next_piece(p, 100, 30, 1000) == (30, None)  # not all of the batch was read
 
 
 class _Conn:

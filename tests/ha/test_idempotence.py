@@ -9,6 +9,8 @@ fault proxy (dropped and delayed replies, cut connections) while the master is S
 sent, and the partition holds each record once.  An async slave that caught up - part of the
 batches copied while they were sent, part after it started late - answers the same after a
 manual switch (MetaQ's: the master stopped, the slave started as a master on its own data).
+A replaced master that rejoins gets the producer state of the batches its successor
+acknowledged alone, and answers their retries once promoted in turn.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pymetaq.storage.record import encode_record
 from tests._broker import BrokerProcess
 from tests._helpers import wait_for
 from tests._services import free_port
+from tests.cluster.conftest import new_client
 from tests.ha._helpers import (
     SYSTEM,
     TOPICS,
@@ -38,6 +41,7 @@ from tests.ha._helpers import (
     stats,
 )
 from tests.ha.test_failover import failover_line, start_pair
+from tests.ha.test_rejoin import rejoined
 from tests.idempotence._helpers import FaultProxy, Faults, NumberedSends, retrying_producer
 from tests.server._helpers import Wire
 
@@ -207,3 +211,29 @@ def test_idempotent_producer_through_faults_and_a_failover_stores_each_message_o
             at = {data: (offset, msg_id) for offset, msg_id, data in log}
             for i in range(p, total, parts):
                 assert at[b"m%06d" % i] == (results[i].offset, results[i].msg_id), i
+
+
+@pytest.mark.zk
+def test_a_rejoined_replica_gets_the_producer_state_of_its_gap(
+    tmp_path: Path, zk_hosts: str
+) -> None:
+    """Batches the promoted master acknowledged alone reach the rejoining old master with their
+    producer ids (one ``bsync`` each): promoted in turn, it answers their retries as well."""
+    new, old = start_pair(tmp_path, zk_hosts)  # the gregor slave will be the new master
+    zk = new_client(zk_hosts)
+    try:
+        with new, old:
+            replies = send_batches(old.address, 3)
+            old.kill()
+            wait_for(lambda: failover_line(new).startswith("epoch 2 state master"), 60, "promoted")
+            replies += send_batches(new.address, 8, start=3)  # acknowledged alone: the gap
+            old.restart()  # its -Fsamsa command line: it rejoins the new master
+            wait_for(lambda: rejoined(old, new, zk), 120, "rejoined and in sync")
+            assert entries(old.data_path) == entries(new.data_path)
+            new.kill()
+            wait_for(lambda: failover_line(old).startswith("epoch 3 state master"), 60, "again")
+            assert_answers_as_the_old_master(old.address, replies)
+            assert_each_once(records(old, 0), 8)
+    finally:
+        zk.stop()
+        zk.close()
