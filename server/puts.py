@@ -259,7 +259,8 @@ class Appender:
                 producers = self.idempotence.producers(plog)
                 producers.replicated(*producer)
             except OSError as exc:  # producers.idem could not be read
-                self._fail(BatchWaiter(conn, opaque), 500, f"Put message failed: {exc}")
+                reason = describe_os_error(exc)
+                self._fail(BatchWaiter(conn, opaque), 500, f"Put message failed: {reason}")
                 return
             idem = IdemBatch(producers, *producer)
         conn.request_started()
