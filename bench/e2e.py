@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import text_table  # noqa: E402
 from pymetaq.client import BatchHandle, Producer, SendHandle  # noqa: E402
 from pymetaq.client.consumer import Consumer, Messages, TopicPartition  # noqa: E402
 from pymetaq.client.protocol import NEED_DATA, Limits, Parser, ResultReply, Role, ValueReply  # noqa: E402
@@ -371,10 +372,7 @@ CASES: list[Callable[[Ctx], Result]] = [
 
 def table(rows: list[dict[str, object]]) -> str:
     cols = ["case", "msgs_per_s", "MB_per_s", "p50_ms", "p99_ms", "messages", "seconds"]
-    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths)) for r in rows]
-    return "\n".join(lines)
+    return text_table(cols, [[r[c] for c in cols] for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
