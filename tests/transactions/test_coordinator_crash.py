@@ -258,7 +258,7 @@ def test_coordinator_killed_at_every_step(world: World) -> None:
 @pytest.mark.slow
 def test_coordinator_killed_many_seeded_rounds(world: World) -> None:
     steps = [*UNDECIDED, *DECIDED, "random"]
-    for _ in range(4):  # 40 rounds in random step order
+    for _ in range(2):  # 20 rounds in random step order
         for step in world.rng.sample(steps, len(steps)):
             if step == "random":
                 random_round(world)
@@ -352,6 +352,6 @@ def test_broker_killed_at_every_step_with_the_coordinator_running(
 
 @pytest.mark.slow
 def test_broker_killed_many_seeded_rounds(world: World, running: Running) -> None:
-    for _ in range(4):  # 32 rounds in random step order
+    for _ in range(2):  # 16 rounds in random step order
         for step in world.rng.sample(BROKER_STEPS, len(BROKER_STEPS)):
             broker_round(world, running, step)

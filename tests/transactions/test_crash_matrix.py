@@ -202,6 +202,6 @@ def test_sigkill_at_every_step(matrix: Matrix) -> None:
 @pytest.mark.crash
 @pytest.mark.slow
 def test_sigkill_many_seeded_rounds(matrix: Matrix) -> None:
-    for _ in range(4):  # 36 rounds in random step order, one data directory
+    for _ in range(2):  # 18 rounds in random step order, one data directory
         for step in matrix.rng.sample(STEPS, len(STEPS)):
             matrix.round(step)
