@@ -21,6 +21,7 @@ sender and the broker set belong to the engine's loop, and so does :meth:`shutdo
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, Unpack
 
@@ -269,6 +270,20 @@ class ProducerEngine:
 
     def end_flush(self) -> None:
         self.acc.end_flush()
+
+    def callbacks_ran(self, timeout_s: float | None) -> bool:
+        """(thread face, any thread but the loop's) Wait until the I/O loop has finished what
+        it is running now: a batch's callbacks run right after its future completes, in the
+        same loop step, so once a flush's futures are done one round through the loop means
+        every callback of theirs has run. False if ``timeout_s`` ran out first."""
+        if self.closed or self.loop.is_closed():
+            return True
+        passed = threading.Event()
+        try:
+            self.loop.call_soon_threadsafe(passed.set)
+        except RuntimeError:  # the loop closed meanwhile: nothing runs any more
+            return True
+        return passed.wait(timeout_s)
 
     async def shutdown(self) -> None:
         """(engine's loop) Stop retries, close connections, then complete every unfinished

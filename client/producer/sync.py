@@ -172,7 +172,8 @@ class Producer(ProducerFace):
         return txs.xa_resource(core, lambda c: self._lt.run(c, run_for))
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Send everything queued now and wait for it; False if ``timeout_s`` ran out first."""
+        """Send everything queued now and wait for it (every message acknowledged or failed,
+        and every callback of theirs run); False if ``timeout_s`` ran out first."""
         futures = self._engine.begin_flush()
         try:
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -183,7 +184,10 @@ class Producer(ProducerFace):
                     fut.result(left)
                 except concurrent.futures.TimeoutError:
                     return False
-            return True
+            # as Kafka's flush: every callback of what was queued has run when it returns
+            # (they run on the I/O thread just after their batch's future completes)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return self._engine.callbacks_ran(left)
         finally:
             self._engine.end_flush()
 

@@ -7,9 +7,10 @@ import random
 import subprocess
 import sys
 import threading
+import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,43 @@ def test_send_async_handles_all_resolve_with_consecutive_positions(
     stored = fetch_all(broker.address, topic, 0)
     assert [m.id for m in stored] == ids
     assert [m.value for m in stored] == [i.to_bytes(4, "big") * 25 for i in range(n)]
+
+
+@pytest.mark.parametrize("face", ["threads", "asyncio"])
+def test_flush_returns_after_every_callback_ran(broker: BrokerProcess, url: str, face: str) -> None:
+    """As Kafka's flush: when ``flush()`` returns, every message queued before it is
+    acknowledged *and its callback has run* (the callbacks run on the I/O thread after their
+    batch's future completes; slow ones make a flush that waited only for futures return
+    with most of them still to run)."""
+    topic = _topic("one")
+    n = 300
+    ran: list[int] = []
+
+    def slow(i: int) -> Callable[[object], None]:
+        def on_done(handle: object) -> None:
+            time.sleep(0.001)
+            ran.append(i)
+
+        return on_done
+
+    if face == "threads":
+        with Producer(url, batch_messages=100) as p:
+            for i in range(n):
+                p.send_async(topic, b"m").add_done_callback(slow(i))
+            assert p.flush(60)
+            assert len(ran) == n
+    else:
+
+        async def main() -> None:
+            async with AsyncProducer(url, batch_messages=100) as p:
+                await p.publish(topic)
+                for i in range(n):
+                    p.send_nowait(topic, b"m").add_done_callback(slow(i))
+                await p.flush()
+                assert len(ran) == n
+
+        asyncio.run(main())
+    assert ran == list(range(n))
 
 
 def test_send_many_is_one_ordered_block(broker: BrokerProcess, url: str) -> None:
