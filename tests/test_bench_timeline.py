@@ -55,12 +55,13 @@ def test_rows_put_each_event_in_its_bucket() -> None:
 def test_a_short_real_run_reports_the_brokers_probes() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench.timeline", "--rate", "2000", "--seconds", "1",
-         "--no-null", "--json", "--around", "2"],
+         "--no-null", "--json", "--around", "2", "--client-gc", "threshold"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
     assert report["latency"]["recorded"] > 0
+    assert report["args"]["client_gc"] == "threshold"
     assert report["gap"]["gap_ms"] > 0
     assert len(report["rows"]) >= 5
     # group commit: the broker fsynced (its probe saw it) and its loop ran the lag probe
