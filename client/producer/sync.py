@@ -186,6 +186,8 @@ class Producer(ProducerFace):
                     return False
             # as Kafka's flush: every callback of what was queued has run when it returns
             # (they run on the I/O thread just after their batch's future completes)
+            if self._lt.in_loop():  # from a callback: the loop cannot go round while we wait
+                return True
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             return self._engine.callbacks_ran(left)
         finally:
