@@ -217,6 +217,22 @@ def test_flush_returns_after_every_callback_ran(broker: BrokerProcess, url: str,
     assert ran == list(range(n))
 
 
+def test_flush_inside_a_callback_returns(url: str) -> None:
+    """A callback runs on the I/O thread: a ``flush()`` there must not wait for a round of
+    the loop it is blocking (nothing else is queued, so it returns True at once)."""
+    results: list[bool] = []
+    called = threading.Event()
+    with Producer(url) as p:
+
+        def on_done(handle: object) -> None:
+            results.append(p.flush(5))
+            called.set()
+
+        p.send_async(_topic("one"), b"m").add_done_callback(on_done)
+        assert called.wait(10)
+    assert results == [True]
+
+
 def test_send_many_is_one_ordered_block(broker: BrokerProcess, url: str) -> None:
     topic = _topic("one")
     values = [f"bulk-{i}".encode() for i in range(2500)]
