@@ -12,6 +12,7 @@ applied; ``S <key> <version>`` after each ``get`` returned. SIGTERM closes it cl
 
 from __future__ import annotations
 
+import faulthandler
 import random
 import signal
 import sqlite3
@@ -48,6 +49,9 @@ def main() -> int:
         stop.set()
 
     signal.signal(signal.SIGTERM, on_term)
+    # SIGUSR1 writes every thread's stack to stderr at once, even with the main thread stuck
+    # in C: the test sends it to a subscriber that does not stop, before killing it
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     cache = ConfigCache(
         servers, topic, loader, state_dir=state_dir, instance_id=instance, on_event=on_event,
         poll_timeout_s=0.05,

@@ -95,7 +95,14 @@ class Subscriber:
     def terminate(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(60) == 0, self.log.with_suffix(".log.err").read_text()[-3000:]
+        try:
+            code = self.proc.wait(60)
+        except subprocess.TimeoutExpired:  # where is it stuck? (the stacks go to .log.err)
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            self.kill()
+            code = None
+        assert code == 0, self.log.with_suffix(".log.err").read_text()[-6000:]
 
 
 def restarted(s: Subscriber, ready_before: int) -> bool:
