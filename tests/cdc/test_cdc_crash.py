@@ -107,8 +107,8 @@ def check_boundary(
     ("rounds", "kind"),
     [
         (3, "sqlite"),
-        pytest.param(12, "sqlite", marks=pytest.mark.slow),
-        pytest.param(8, "postgresql", marks=pytest.mark.slow),
+        pytest.param(8, "sqlite", marks=pytest.mark.slow),
+        pytest.param(6, "postgresql", marks=pytest.mark.slow),
     ],
 )
 def test_sigkill_capture_and_apply_replica_equals_source(

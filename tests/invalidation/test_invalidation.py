@@ -134,7 +134,7 @@ def check_subscriber(s: Subscriber, sent: list[tuple[str, str, int, float]]) -> 
 
 
 @pytest.mark.parametrize(
-    ("seconds", "restarts"), [(6, 2), pytest.param(24, 8, marks=pytest.mark.slow)]
+    ("seconds", "restarts"), [(6, 2), pytest.param(16, 6, marks=pytest.mark.slow)]
 )
 def test_five_subscribers_see_every_event_and_never_serve_stale(
     tmp_path: Path, seed: int, seconds: float, restarts: int

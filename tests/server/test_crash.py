@@ -166,6 +166,6 @@ def test_sigkill_loses_no_acknowledged_message(tmp_path: Path, seed: int, mode: 
 @pytest.mark.crash
 @pytest.mark.parametrize("mode", list(MODES))
 def test_sigkill_loop_many_rounds(tmp_path: Path, seed: int, mode: str) -> None:
-    acked, lost = crash_loop(tmp_path, seed, MODES[mode], rounds=15)
-    print(f"[crash] broker {mode}: 15 rounds, {acked} acknowledged, {lost} lost")
+    acked, lost = crash_loop(tmp_path, seed, MODES[mode], rounds=10)
+    print(f"[crash] broker {mode}: 10 rounds, {acked} acknowledged, {lost} lost")
     assert lost == 0
