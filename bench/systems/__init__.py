@@ -1,6 +1,8 @@
 """The systems the suite knows, by name: ``pymetaq``, ``redis`` (Streams), ``nats`` (JetStream),
-``null`` (the harness floor, opt-in) and ``pymetaq-nometrics`` (pymetaq with its HTTP port off,
-opt-in: ``--systems pymetaq,pymetaq-nometrics`` measures what ``/metrics`` costs).
+``null`` (the harness floor, opt-in), ``pymetaq-nometrics`` (pymetaq with its HTTP port off,
+opt-in: ``--systems pymetaq,pymetaq-nometrics`` measures what ``/metrics`` costs) and
+``pymetaq-noidem`` (pymetaq's producers with ``idempotence=False``, opt-in: what the idempotent
+producer's exactly-once retries cost).
 
 A system module is imported only when it is asked for, so a missing client library of one peer
 never stops the others (it becomes a skip note).
@@ -16,6 +18,7 @@ from bench.systems.base import System
 _MODULES = {
     "pymetaq": ("bench.systems.pymetaq_sys", "PymetaqSystem"),
     "pymetaq-nometrics": ("bench.systems.pymetaq_sys", "PymetaqNoMetricsSystem"),
+    "pymetaq-noidem": ("bench.systems.pymetaq_sys", "PymetaqNoIdemSystem"),
     "redis": ("bench.systems.redis_sys", "RedisSystem"),
     "nats": ("bench.systems.nats_sys", "NatsSystem"),
     "null": ("bench.systems.null_sys", "NullSystem"),

@@ -121,10 +121,15 @@ unflushInterval=1000
 class PymetaqSystem(System):
     """``pymetaq``: the broker with its HTTP port on and ``/metrics`` scraped every
     ``SCRAPE_S`` (15x Prometheus's default rate) during every case; ``pymetaq-nometrics``: the
-    same broker with ``dashboardHttpPort=0`` - the two in one run measure what monitoring costs."""
+    same broker with ``dashboardHttpPort=0`` - the two in one run measure what monitoring costs;
+    ``pymetaq-noidem``: the producers with ``idempotence=False`` (the plain ``bput``: no
+    ``producers.idem`` entry, so no second fdatasync per group commit) - what the default's
+    exactly-once retries cost."""
 
     name = "pymetaq"
     metrics = True
+    #: the producers' ``idempotence`` option (the client's default: True)
+    idempotence = True
     modes = (
         Mode("group", GROUP),
         Mode("threshold", THRESHOLD),
@@ -181,12 +186,20 @@ class PymetaqSystem(System):
 
     def _producer(self, batch: int, linger_ms: int) -> Any:
         return self._client.Producer(
-            self._servers, linger_ms=linger_ms, batch_messages=batch, max_in_flight=8
+            self._servers,
+            linger_ms=linger_ms,
+            batch_messages=batch,
+            max_in_flight=8,
+            idempotence=self.idempotence,
         )
 
     def _async_producer(self, batch: int, linger_ms: int) -> Any:
         return self._client.AsyncProducer(
-            self._servers, linger_ms=linger_ms, batch_messages=batch, max_in_flight=8
+            self._servers,
+            linger_ms=linger_ms,
+            batch_messages=batch,
+            max_in_flight=8,
+            idempotence=self.idempotence,
         )
 
     def _consumer(self, topic: str) -> Any:
@@ -550,6 +563,11 @@ class Scraper(threading.Thread):
 class PymetaqNoMetricsSystem(PymetaqSystem):
     name = "pymetaq-nometrics"
     metrics = False
+
+
+class PymetaqNoIdemSystem(PymetaqSystem):
+    name = "pymetaq-noidem"
+    idempotence = False
 
 
 def _import_clients() -> tuple[Any, Any]:
