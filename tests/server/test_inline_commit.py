@@ -10,6 +10,7 @@ nothing is answered before it is durable.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,4 +105,32 @@ def test_a_large_bput_waits_for_the_flusher(tmp_path: Path) -> None:
     assert before == [] and len(after) == 1
     assert after[0].startswith(b"result 200 ") and after[0].endswith(b" 0 0 1")
     assert plog.max_offset == len(body)
+    m.close()
+
+
+def test_threshold_appends_reach_readers_while_inline_fsyncs_are_backed_off(
+    tmp_path: Path,
+) -> None:
+    """Threshold mode acks a small put at once; readers see it after an fsync. After a slow
+    inline fsync the loop stops fsyncing for a while: the put must then go to the flusher at
+    once, not wait for N/2 acked messages or ``unflushInterval`` (here a minute)."""
+    cfg = TopicStoreConfig(num_partitions=1, unflush_threshold=1000, unflush_interval_ms=60_000)
+    m = MessageStoreManager(StoreConfig(str(tmp_path)), lambda t: cfg)
+    m.open()  # flusher thread NOT started: run_once below is the only fsync
+    plog = m.get_log("t", 0)
+    assert plog is not None
+
+    async def main() -> list[bytes]:
+        appender = Appender(asyncio.get_running_loop(), Stats(), None)
+        appender._inline_after = time.monotonic() + 60  # as after a slow inline fsync
+        conn: Any = FakeConn()
+        appender.put(conn, plog, False, b"line", 0, checksum(b"line"), 5)
+        await _turns(3)
+        return list(conn.replies)
+
+    replies = asyncio.run(main())
+    assert len(replies) == 1 and replies[0].startswith(b"result 200 ")  # acked at once
+    assert plog.max_offset == 0  # not fsynced by the loop: backed off
+    m._flusher.run_once(now=plog.last_sync)  # asked for it: the interval is a minute away
+    assert plog.max_offset == plog.write_offset == 24
     m.close()
