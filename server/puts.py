@@ -317,12 +317,13 @@ class Appender:
 
         both = _Both(on_durable) if link is not None else None
 
-        # a large append (a bulk load) goes to the flusher at once, so its fsync overlaps
-        # the loop's next reads; a small one may be fsynced inline by _sync_appended.  In
-        # threshold mode a small one always goes there, also while inline fsyncs are backed
-        # off: the append itself asks for an fsync only at N/2 acked messages, and readers see
-        # nothing before an fsync (_sync_appended hands it to the flusher then)
-        inline = len(records) <= INLINE_SYNC_BYTES and (
+        # a small append goes through _sync_appended one iteration later (fsynced inline when
+        # that is cheap, else handed to the flusher); a large one (a bulk load) leaves the
+        # fsync it owes to the append itself, which asks the flusher at once, so the fsync
+        # overlaps the loop's next reads.  Threshold mode sends small appends through it also
+        # while inline fsyncs are backed off: the append itself asks for an fsync only at N/2
+        # acked messages, and readers see nothing before an fsync
+        via_loop = len(records) <= INLINE_SYNC_BYTES and (
             not plog.group_commit or time.monotonic() >= self._inline_after
         )
         try:
@@ -331,7 +332,7 @@ class Appender:
                 stamp_ids=stamp_ids,
                 on_durable=both.local if both is not None else on_durable,
                 max_record_size=self.max_record_size if stamp_ids else None,
-                defer_flush=inline,
+                defer_flush=via_loop,
                 before_write=idem.before_write(len(records)) if idem is not None else None,
             )
             if both is not None and link is not None:  # stamped: send these very records
@@ -339,7 +340,7 @@ class Appender:
                 link.replicate(
                     plog.topic, plog.partition, records, appended.offset, producer
                 ).add_done_callback(both.remote)
-            if inline:
+            if via_loop:
                 if not self._to_sync:
                     self.loop.call_soon(self._sync_appended)
                 self._to_sync[id(plog)] = plog

@@ -184,23 +184,20 @@ class PymetaqSystem(System):
     def _topic(self, mode: str, case: str) -> str:
         return f"bench-{mode[0]}-{case}-{next(self._ids)}"
 
+    def _producer_options(self, batch: int, linger_ms: int) -> dict[str, Any]:
+        """What both faces' producers are built with."""
+        return {
+            "linger_ms": linger_ms,
+            "batch_messages": batch,
+            "max_in_flight": 8,
+            "idempotence": self.idempotence,
+        }
+
     def _producer(self, batch: int, linger_ms: int) -> Any:
-        return self._client.Producer(
-            self._servers,
-            linger_ms=linger_ms,
-            batch_messages=batch,
-            max_in_flight=8,
-            idempotence=self.idempotence,
-        )
+        return self._client.Producer(self._servers, **self._producer_options(batch, linger_ms))
 
     def _async_producer(self, batch: int, linger_ms: int) -> Any:
-        return self._client.AsyncProducer(
-            self._servers,
-            linger_ms=linger_ms,
-            batch_messages=batch,
-            max_in_flight=8,
-            idempotence=self.idempotence,
-        )
+        return self._client.AsyncProducer(self._servers, **self._producer_options(batch, linger_ms))
 
     def _consumer(self, topic: str) -> Any:
         store = self._offsets(self._workdir / "offsets" / f"{topic}.json")
