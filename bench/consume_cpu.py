@@ -1,10 +1,11 @@
-"""CPU per consumed message: ``python bench/consume_cpu.py [--against OTHER_PYTHON] [--json]``.
+"""CPU per consumed message: ``python bench/consume_cpu.py [--against OTHER_PYTHON | --pure] [--json]``.
 
 Throughput on a shared 2-core machine varies by ±25 % from run to run; the CPU time the
 consumer process spends per message varies far less, so this is how two versions of the client
 are compared (e.g. before and after a restructuring: ``--against`` names the Python of another
 checkout's virtualenv, whose ``pymetaq`` is then measured against this one's, alternating, on the
-same broker and the same data).
+same broker and the same data; ``--pure`` measures this checkout against itself run as pure
+Python, ``PYMETAQ_NO_EXTENSIONS=1``: what the C accelerators save).
 
 One broker (``tests/_broker.py``), ``--messages`` 100-byte messages in one partition; each
 round a fresh consumer process (ungrouped, ``poll()``, CRCs checked, counted with ``len()``)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -71,6 +73,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--against", help="the python of another checkout's venv")
     ap.add_argument(
+        "--pure",
+        action="store_true",
+        help="against this checkout without its C accelerators (PYMETAQ_NO_EXTENSIONS=1)",
+    )
+    ap.add_argument(
         "--mode",
         choices=("len", "messages", "listener"),
         default="len",
@@ -80,8 +87,14 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     pythons = {"this": sys.executable}
+    envs: dict[str, dict[str, str]] = {"this": {}}
+    if args.against and args.pure:
+        ap.error("--against and --pure: choose one")
     if args.against:
         pythons["against"] = args.against
+    if args.pure:
+        pythons["against"] = sys.executable
+        envs["against"] = {"PYMETAQ_NO_EXTENSIONS": "1"}
     found: dict[str, list[float]] = {name: [] for name in pythons}
     with tempfile.TemporaryDirectory(prefix="consume-cpu-") as tmp:
         topics = {"bench": {"numPartitions": 1}}
@@ -94,7 +107,8 @@ def main() -> int:
             for r in range(args.rounds):
                 for name, python in pythons.items():
                     argv = [python, "-c", CHILD, str(b.port), str(total), args.mode]
-                    out = subprocess.run(argv, capture_output=True, text=True, check=True)
+                    env = {**os.environ, **envs.get(name, {})}
+                    out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
                     found[name].append(float(out.stdout.strip()))
                     print(f"round {r + 1}: {name} {found[name][-1]:.0f} ns/msg", file=sys.stderr)
     out = sys.stderr if args.json else sys.stdout
@@ -104,7 +118,7 @@ def main() -> int:
         print(f"{name:<10}{med:>15.0f}{f'{min(values):.0f}-{max(values):.0f}':>16}", file=out)
         if args.json:
             print(json.dumps({"client": name, "ns_per_msg": round(med), "runs": values}))
-    if args.against:
+    if "against" in pythons:
         ratio = statistics.median(found["this"]) / statistics.median(found["against"])
         print(f"this / against: {ratio:.3f}", file=out)
     return 0

@@ -1,4 +1,4 @@
-"""CPU per ``send_async`` call: ``python bench/send_cpu.py [--against OTHER_PYTHON] [--json]``.
+"""CPU per ``send_async`` call: ``python bench/send_cpu.py [--against OTHER_PYTHON | --pure] [--json]``.
 
 The per-message produce loop a Kafka or Redis user writes first::
 
@@ -8,7 +8,9 @@ The per-message produce loop a Kafka or Redis user writes first::
 
 Wall-clock throughput on a shared 2-core machine swings by tens of percent from run to run;
 CPU time does far less, so this is how two versions of the client are compared (``--against``
-names the Python of another checkout's virtualenv, measured alternately on the same broker).
+names the Python of another checkout's virtualenv, measured alternately on the same broker;
+``--pure`` compares this checkout with itself run as pure Python, ``PYMETAQ_NO_EXTENSIONS=1``:
+what the C accelerators save).
 Each round is a fresh producer process (``--face thread``: ``Producer.send_async``; ``--face
 asyncio``: ``AsyncProducer.send_nowait`` on its own loop, yielding to it every ``--batch``
 messages, as an asyncio program must); it reports
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -47,6 +50,7 @@ from pymetaq.client import AsyncProducer, Producer
 port, total, face, batch, profile = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
 callbacks = sys.argv[6] == "1"
 acked = [0]
+WINDOW = 32
 
 def on_ack(handle):
     acked[0] += 1
@@ -73,19 +77,27 @@ def thread_round(p, n):
 async def async_round(p, n):
     send = p.send_nowait
     app = 0.0
+    pending = []
     w0, c0 = time.perf_counter(), time.process_time()
     for _ in range(n // batch):
         t0 = time.thread_time()
         if prof: prof.enable()
         if callbacks:
             for _ in range(batch):
-                send("bench", payload).add_done_callback(on_ack)
+                handle = send("bench", payload)
+                handle.add_done_callback(on_ack)
         else:
             for _ in range(batch):
-                send("bench", payload)
+                handle = send("bench", payload)
         if prof: prof.disable()
         app += time.thread_time() - t0
-        await asyncio.sleep(0)
+        # at most WINDOW bursts unacknowledged (as python -m bench's asyncio loop): a
+        # send_nowait never blocks, so a loop faster than the broker would fill buffer_bytes
+        pending.append(handle)
+        if len(pending) >= WINDOW:
+            await pending.pop(0)
+        else:
+            await asyncio.sleep(0)
     await p.flush()
     return app, time.process_time() - c0, time.perf_counter() - w0
 
@@ -118,6 +130,11 @@ def main() -> int:
     ap.add_argument("--face", choices=("thread", "asyncio"), default="thread")
     ap.add_argument("--batch", type=int, default=1000, help="asyncio: sends between yields")
     ap.add_argument("--against", help="the python of another checkout's venv")
+    ap.add_argument(
+        "--pure",
+        action="store_true",
+        help="against this checkout without its C accelerators (PYMETAQ_NO_EXTENSIONS=1)",
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile the send loop (1 round)")
     ap.add_argument(
         "--callbacks",
@@ -127,8 +144,14 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     pythons = {"this": sys.executable}
+    envs: dict[str, dict[str, str]] = {"this": {}}
+    if args.against and args.pure:
+        ap.error("--against and --pure: choose one")
     if args.against:
         pythons["against"] = args.against
+    if args.pure:
+        pythons["against"] = sys.executable
+        envs["against"] = {"PYMETAQ_NO_EXTENSIONS": "1"}
     found: dict[str, list[dict[str, float]]] = {name: [] for name in pythons}
     rounds = 1 if args.profile else args.rounds
     with (
@@ -140,7 +163,8 @@ def main() -> int:
                 argv = [python, "-c", CHILD, str(b.port), str(args.messages), args.face]
                 argv += [str(args.batch), "1" if args.profile else "0"]
                 argv += ["1" if args.callbacks else "0"]
-                out = subprocess.run(argv, capture_output=True, text=True, check=True)
+                env = {**os.environ, **envs.get(name, {})}
+                out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
                 if args.profile:
                     print(f"--- {name}\n{out.stderr}", file=sys.stderr)
                 row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -159,7 +183,7 @@ def main() -> int:
         print(f"{name:<9}" + "".join(f"{c:>26}" for c in cells), file=out)
         if args.json:
             print(json.dumps({"client": name, "face": args.face, **medians[name], "runs": rows}))
-    if args.against:
+    if "against" in pythons:
         for f in FIELDS:
             ratio = medians["this"][f] / medians["against"][f]
             print(f"this / against {f}: {ratio:.3f}", file=out)

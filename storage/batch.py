@@ -41,6 +41,7 @@ from pymetaq.storage.record import (
     MASK31,
     MSG_ID,
 )
+from pymetaq.storage.speedups import speedups
 
 _LEN_CRC = LEN_CRC_UNSIGNED  # length unsigned: a negative length becomes huge
 _ID = MSG_ID
@@ -111,6 +112,11 @@ def _uniform(buf: bytearray | bytes) -> tuple[int, int] | None:
 
 
 def _check_uniform(buf: bytearray | bytes, stride: int, n: int) -> None:
+    if speedups is not None:  # the same check in C, without the GIL (storage.speedups)
+        bad = speedups.uniform_crc_mismatch(buf, stride, n)
+        if bad >= 0:
+            raise InvalidRecords("checksum mismatch", bad * stride)
+        return
     end = len(buf)
     gathered = bytearray(4 * n)
     for k in range(4):

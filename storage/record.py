@@ -17,11 +17,12 @@ Thread-safe: pure functions over caller-owned buffers.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from pymetaq.storage.checksum import MASK31, checksum
+from pymetaq.storage.checksum import MASK31, checksum, crc32
 from pymetaq.storage.errors import StorageError
+from pymetaq.storage.speedups import speedups
 
 HEADER = struct.Struct(">iiqi")
 HEADER_SIZE = HEADER.size  # 20
@@ -35,6 +36,23 @@ MSG_ID = struct.Struct(">q")
 ATTR_LEN = struct.Struct(">i")
 #: the all-zero header: the end of a preallocated (zero-filled) segment tail, never a record
 ZERO_HEADER = bytes(HEADER.size)
+_pack = HEADER.pack
+
+
+def record_parts_py(values: list[bytes]) -> tuple[list[bytes], int]:
+    """The records of plain payloads (no attribute, id 0): ``[header, value, ...]`` (join them
+    for the batch) and their total size. The reference of the C accelerator's ``record_parts``.
+    """
+    parts: list[bytes] = [b""] * (2 * len(values))
+    parts[0::2] = [_pack(len(v), crc32(v) & MASK31, 0, 0) for v in values]
+    parts[1::2] = values
+    return parts, sum(map(len, values)) + HEADER_SIZE * len(values)
+
+
+#: ``record_parts(values)``: the C accelerator's when built (:mod:`pymetaq.storage.speedups`)
+record_parts: Callable[[list[bytes]], tuple[list[bytes], int]] = (
+    speedups.record_parts if speedups is not None else record_parts_py
+)
 
 #: flag bit 0: the data section starts with ``int32 attrLen`` + UTF-8 attribute (MetaQ).
 FLAG_ATTRIBUTE = 0x1
@@ -63,6 +81,8 @@ __all__ = [
     "encode_data",
     "encode_record",
     "iter_records",
+    "record_parts",
+    "record_parts_py",
 ]
 
 

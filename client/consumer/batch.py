@@ -26,9 +26,12 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
 from typing import Any, overload
 
+from pymetaq.client.speedups import speedups
 from pymetaq.client.types import Message
 
 _new: Callable[..., Message] = tuple.__new__
+#: ``messages(...)``: the C accelerator's iterator of a batch's messages, or None
+_messages = speedups.messages if speedups is not None else None
 
 
 def make_message(
@@ -108,6 +111,9 @@ class MessageBatch(Sequence[Message]):
         lo, hi = self._lo, self._hi
         if hi <= lo:
             return iter(())
+        if _messages is not None:  # the same rows, built in one C call each (client.speedups)
+            cols = (self._bounds, self._ids, self._values, lo, hi)
+            return _messages(Message, self._topic, self._part, self._broker, *cols)  # type: ignore[no-any-return]
         whole = lo == 0 and hi == len(self._values)
         bounds = self._bounds
         rows = zip(

@@ -51,11 +51,12 @@ from pymetaq.client.producer.batch import (
 from pymetaq.client.producer.lanes import Lane, LaneHandle
 from pymetaq.client.types import TopicPartition
 from pymetaq.storage.checksum import MASK31, crc32
-from pymetaq.storage.record import ATTR_LEN, FLAG_ATTRIBUTE, HEADER, HEADER_SIZE
+from pymetaq.storage.record import ATTR_LEN, FLAG_ATTRIBUTE, HEADER, HEADER_SIZE, record_parts
 
 _pack = HEADER.pack
 _crc32 = crc32  # ISA-L's when installed (storage.checksum)
 _ATTR_LEN = ATTR_LEN.pack
+
 
 __all__ = ["Accumulator", "AnyFuture", "Batch", "BatchHandle", "SendHandle"]
 
@@ -183,19 +184,15 @@ class Accumulator:
         last one stays open, so later sends keep filling it).
         """
         if attribute is None:
-            datas = values if isinstance(values, list) else list(values)
-            extra = 0
-            headers = [_pack(len(v), _crc32(v) & MASK31, 0, 0) for v in datas]
-        else:
-            a = attribute.encode("utf-8")
-            prefix = _ATTR_LEN(len(a)) + a
-            extra = len(prefix)
-            datas = [prefix + v for v in values]
-            headers = [_pack(len(d), _crc32(d) & MASK31, 0, FLAG_ATTRIBUTE) for d in datas]
-        parts: list[bytes] = [b""] * (2 * len(datas))
-        parts[0::2] = headers
+            parts, _ = record_parts(values if isinstance(values, list) else list(values))
+            return self._enqueue(tp, parts, values, 2, 0, block_s, pinned)
+        a = attribute.encode("utf-8")
+        prefix = _ATTR_LEN(len(a)) + a
+        datas = [prefix + v for v in values]
+        parts = [b""] * (2 * len(datas))
+        parts[0::2] = [_pack(len(d), _crc32(d) & MASK31, 0, FLAG_ATTRIBUTE) for d in datas]
         parts[1::2] = datas
-        return self._enqueue(tp, parts, values, 2, extra, block_s, pinned)
+        return self._enqueue(tp, parts, values, 2, len(prefix), block_s, pinned)
 
     def _enqueue(
         self,
@@ -477,10 +474,7 @@ class Accumulator:
         if n <= start:
             return
         items = lane.values[start:n]
-        parts: list[bytes] = [b""] * (2 * len(items))
-        parts[0::2] = [_pack(len(v), _crc32(v) & MASK31, 0, 0) for v in items]
-        parts[1::2] = items
-        total = sum(map(len, items)) + HEADER_SIZE * len(items)
+        parts, total = record_parts(items)
         self._buffered += total
         first = start
         for sl in self._fill(lane.tp, parts, items, 2, 0, total, False):

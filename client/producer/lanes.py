@@ -37,9 +37,10 @@ from _thread import get_ident
 from bisect import bisect_right
 from collections.abc import Callable
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pymetaq.client.producer.batch import Batch, BatchSlice, SendHandle
+from pymetaq.client.speedups import speedups
 from pymetaq.client.types import TopicPartition
 from pymetaq.storage.record import HEADER_SIZE
 
@@ -200,4 +201,22 @@ def lane_sender(
                 return lane_append(tp, value, block_s)
         return slow(topic, value, key, partition, attribute, force)
 
-    return send_async
+    if speedups is None:
+        return send_async
+    # the same fast path in C for send_async(topic, value); every other call is the closure's
+    fast: Callable[..., SendHandle] = speedups.LaneSender(
+        send_async,
+        engine,
+        engine.brokers.partition_cache,
+        cast(Any, rr).__self__,  # the itertools.count: C takes its next value directly
+        lane_of,
+        acc,
+        max_bytes,
+        cap,
+        bcap,
+        lane_append,
+        block_s,
+        LaneHandle,
+        Lane,
+    )
+    return fast

@@ -1,0 +1,627 @@
+/* pymetaq.client._speedups: the client's optional C accelerator.
+ *
+ * The per-message hot paths of the producer and the consumer, each the exact equivalent of
+ * pure-Python code that stays the reference and the fallback (pymetaq.client.speedups picks
+ * one; the records' framing is pymetaq.storage._speedups'):
+ *
+ *   LaneSender(python_send, engine, cache, counter, lane_of, acc, max_bytes, cap, bcap,
+ *              lane_append, block_s, handle_type, lane_type)
+ *       A callable with send_async's signature. send_async(topic, value) with exactly two
+ *       positional arguments runs lanes.lane_sender's fast path here; any other call (a key,
+ *       a partition, an attribute, force, keywords) goes to python_send, the Python closure,
+ *       unchanged. The fast path only reads what the closure reads and calls what it calls
+ *       (rr, acc.attend, lane_append), in the same order, holding the GIL throughout.
+ *
+ *   messages(cls, topic, partition, broker_id, bounds, ids, values, lo, hi) -> iterator
+ *       The Message of each plain record lo..hi of a fetched batch, built directly (one
+ *       allocation each). Python: consumer.batch.MessageBatch.__iter__'s map over zip.
+ *
+ * Thread-safety: the GIL is held throughout; nothing here keeps state between calls except
+ * the LaneSender's references (set once).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <limits.h>
+#include <stddef.h>
+
+/* ---------------------------------------------------------------- LaneSender */
+
+static PyObject *str_divert, *str_owner, *str_values, *str_nbytes, *str_closed, *str_attend;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *python_send; /* the Python closure: every call that is not (topic, value) */
+    PyObject *engine;      /* engine._divert: closed, or transactions in use */
+    PyObject *cache;       /* topic -> partitions (a dict) */
+    PyObject *rr;          /* the round robin counter (an iterator: its next value) */
+    PyObject *lane_of;     /* partition -> open lane (a dict) */
+    PyObject *acc;         /* the accumulator: .owner, .attend(lane) */
+    Py_ssize_t max_bytes, cap, bcap;
+    PyObject *lane_append; /* acc.lane_append(tp, value, block_s) */
+    PyObject *block_s;
+    PyTypeObject *handle_type; /* LaneHandle: a tuple subclass */
+    PyTypeObject *lane_type;   /* Lane, whose slots are read at their offsets */
+    Py_ssize_t off_values, off_nbytes, off_closed; /* Lane's slot offsets, 0: GetAttr */
+    unsigned long owner;       /* acc.owner once set (it never changes after) */
+    int owner_known;
+} LaneSender;
+
+/* a slot of obj: at its offset when obj is exactly the Lane type, else by name (new ref) */
+static inline PyObject *
+lane_get(LaneSender *self, PyObject *obj, Py_ssize_t off, PyObject *name)
+{
+    if (off && Py_TYPE(obj) == self->lane_type) {
+        PyObject *v = *(PyObject **)((char *)obj + off);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+static inline int
+lane_set(LaneSender *self, PyObject *obj, Py_ssize_t off, PyObject *name, PyObject *v)
+{
+    if (off && Py_TYPE(obj) == self->lane_type) {
+        Py_XSETREF(*(PyObject **)((char *)obj + off), Py_NewRef(v));
+        return 0;
+    }
+    return PyObject_SetAttr(obj, name, v);
+}
+
+/* the offset of a __slots__ member of type (an object slot), or 0 */
+static Py_ssize_t
+slot_offset(PyTypeObject *type, const char *name)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
+    if (d == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t off = 0;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
+            off = m->offset;
+    }
+    Py_DECREF(d);
+    return off;
+}
+
+static PyObject *
+lane_handle(LaneSender *self, PyObject *lane, Py_ssize_t index)
+{
+    PyObject *i = PyLong_FromSsize_t(index);
+    if (i == NULL)
+        return NULL;
+    PyObject *h = self->handle_type->tp_alloc(self->handle_type, 2);
+    if (h == NULL) {
+        Py_DECREF(i);
+        return NULL;
+    }
+    Py_INCREF(lane);
+    PyTuple_SET_ITEM(h, 0, lane);
+    PyTuple_SET_ITEM(h, 1, i);
+    return h;
+}
+
+/* 1: this thread is the lanes' owner; 0: not (or no owner yet); -1: error */
+static int
+is_owner(LaneSender *self)
+{
+    if (self->owner_known)
+        return self->owner == PyThread_get_thread_ident();
+    PyObject *owner = PyObject_GetAttr(self->acc, str_owner);
+    if (owner == NULL)
+        return -1;
+    if (owner == Py_None) {
+        Py_DECREF(owner);
+        return 0;
+    }
+    unsigned long o = PyLong_AsUnsignedLongMask(owner);
+    Py_DECREF(owner);
+    if (o == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    self->owner = o;
+    self->owner_known = 1;
+    return o == PyThread_get_thread_ident();
+}
+
+/* the fast path, from after the round robin step: append to tp's lane or lane_append */
+static PyObject *
+lane_send(LaneSender *self, PyObject *tp, PyObject *value, Py_ssize_t n)
+{
+    PyObject *lane = PyDict_GetItemWithError(self->lane_of, tp); /* borrowed */
+    if (lane == NULL && PyErr_Occurred())
+        return NULL;
+    if (lane != NULL) {
+        Py_INCREF(lane);
+        int owner = is_owner(self);
+        if (owner < 0)
+            goto error;
+        if (owner) {
+            PyObject *values = lane_get(self, lane, self->off_values, str_values);
+            if (values == NULL)
+                goto error;
+            if (!PyList_CheckExact(values)) {
+                Py_DECREF(values);
+                PyErr_SetString(PyExc_TypeError, "lane.values is not a list");
+                goto error;
+            }
+            Py_ssize_t i = PyList_GET_SIZE(values);
+            PyObject *nb = lane_get(self, lane, self->off_nbytes, str_nbytes);
+            if (nb == NULL) {
+                Py_DECREF(values);
+                goto error;
+            }
+            Py_ssize_t nbytes = PyLong_AsSsize_t(nb);
+            Py_DECREF(nb);
+            if (nbytes == -1 && PyErr_Occurred()) {
+                Py_DECREF(values);
+                goto error;
+            }
+            if (i < self->cap && nbytes < self->bcap) {
+                int rc = PyList_Append(values, value);
+                Py_DECREF(values);
+                if (rc < 0)
+                    goto error;
+                PyObject *nb2 = PyLong_FromSsize_t(nbytes + n);
+                if (nb2 == NULL)
+                    goto error;
+                rc = lane_set(self, lane, self->off_nbytes, str_nbytes, nb2);
+                Py_DECREF(nb2);
+                if (rc < 0)
+                    goto error;
+                PyObject *closed = lane_get(self, lane, self->off_closed, str_closed);
+                if (closed == NULL)
+                    goto error;
+                int truth = closed == Py_False ? 0 : PyObject_IsTrue(closed);
+                Py_DECREF(closed);
+                if (truth < 0)
+                    goto error;
+                if (truth) { /* absorbed meanwhile: file this one too */
+                    PyObject *r = PyObject_CallMethodOneArg(self->acc, str_attend, lane);
+                    if (r == NULL)
+                        goto error;
+                    Py_DECREF(r);
+                }
+                PyObject *h = lane_handle(self, lane, i);
+                Py_DECREF(lane);
+                return h;
+            }
+            Py_DECREF(values);
+        }
+        Py_DECREF(lane);
+    }
+    PyObject *args[3] = {tp, value, self->block_s};
+    return PyObject_Vectorcall(self->lane_append, args, 3, NULL);
+error:
+    Py_DECREF(lane);
+    return NULL;
+}
+
+static PyObject *
+lane_sender_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    LaneSender *self = (LaneSender *)op;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || kwnames != NULL || !PyBytes_CheckExact(args[1]))
+        return PyObject_Vectorcall(self->python_send, args, nargsf, kwnames);
+    PyObject *topic = args[0], *value = args[1];
+    PyObject *divert = PyObject_GetAttr(self->engine, str_divert);
+    if (divert == NULL)
+        return NULL;
+    int diverted = divert == Py_False ? 0 : PyObject_IsTrue(divert);
+    Py_DECREF(divert);
+    if (diverted < 0)
+        return NULL;
+    if (diverted)
+        return PyObject_Vectorcall(self->python_send, args, nargsf, kwnames);
+    PyObject *parts = PyDict_GetItemWithError(self->cache, topic); /* borrowed */
+    if (parts == NULL && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyBytes_GET_SIZE(value);
+    if (parts == NULL || n > self->max_bytes || !PyList_CheckExact(parts) ||
+        PyList_GET_SIZE(parts) == 0)
+        return PyObject_Vectorcall(self->python_send, args, nargsf, kwnames);
+    Py_INCREF(parts); /* the cache may swap the list while rr runs */
+    PyObject *count = Py_TYPE(self->rr)->tp_iternext(self->rr);
+    if (count == NULL && !PyErr_Occurred())
+        PyErr_SetNone(PyExc_StopIteration);
+    if (count == NULL) {
+        Py_DECREF(parts);
+        return NULL;
+    }
+    Py_ssize_t nparts = PyList_GET_SIZE(parts), k = PyLong_AsSsize_t(count);
+    if (k >= 0) {
+        k %= nparts;
+    } else { /* a counter past Py_ssize_t (or negative): Python's modulo */
+        PyErr_Clear();
+        PyObject *len = PyLong_FromSsize_t(nparts);
+        PyObject *idx = len == NULL ? NULL : PyNumber_Remainder(count, len);
+        Py_XDECREF(len);
+        k = idx == NULL ? -1 : PyLong_AsSsize_t(idx);
+        Py_XDECREF(idx);
+        if (k == -1 && PyErr_Occurred()) {
+            Py_DECREF(count);
+            Py_DECREF(parts);
+            return NULL;
+        }
+    }
+    Py_DECREF(count);
+    PyObject *tp = PyList_GET_ITEM(parts, k);
+    Py_INCREF(tp);
+    Py_DECREF(parts);
+    PyObject *out = lane_send(self, tp, value, n);
+    Py_DECREF(tp);
+    return out;
+}
+
+static int
+lane_sender_init(LaneSender *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *python_send, *engine, *cache, *rr, *lane_of, *acc, *lane_append, *block_s;
+    PyObject *handle_type, *lane_type;
+    Py_ssize_t max_bytes, cap, bcap;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "LaneSender() takes positional arguments only");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OOO!OO!Onnn" "OOO!O!:LaneSender", &python_send, &engine,
+                          &PyDict_Type, &cache, &rr, &PyDict_Type, &lane_of, &acc, &max_bytes,
+                          &cap, &bcap, &lane_append, &block_s, &PyType_Type, &handle_type,
+                          &PyType_Type, &lane_type))
+        return -1;
+    if (!PyType_IsSubtype((PyTypeObject *)handle_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "LaneSender(): the handle type must subclass tuple");
+        return -1;
+    }
+#define SET(field, v) do { Py_INCREF(v); Py_XSETREF(self->field, v); } while (0)
+    if (!PyIter_Check(rr)) {
+        PyErr_SetString(PyExc_TypeError, "LaneSender(): rr must be an iterator");
+        return -1;
+    }
+    SET(python_send, python_send);
+    SET(engine, engine);
+    SET(cache, cache);
+    SET(rr, rr);
+    SET(lane_of, lane_of);
+    SET(acc, acc);
+    SET(lane_append, lane_append);
+    SET(block_s, block_s);
+    Py_INCREF(handle_type);
+    Py_XSETREF(self->handle_type, (PyTypeObject *)handle_type);
+    Py_INCREF(lane_type);
+    Py_XSETREF(self->lane_type, (PyTypeObject *)lane_type);
+#undef SET
+    self->off_values = slot_offset((PyTypeObject *)lane_type, "values");
+    self->off_nbytes = slot_offset((PyTypeObject *)lane_type, "nbytes");
+    self->off_closed = slot_offset((PyTypeObject *)lane_type, "closed");
+    self->owner_known = 0;
+    self->max_bytes = max_bytes;
+    self->cap = cap;
+    self->bcap = bcap;
+    self->vectorcall = lane_sender_call;
+    return 0;
+}
+
+static int
+lane_sender_traverse(LaneSender *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->python_send);
+    Py_VISIT(self->engine);
+    Py_VISIT(self->cache);
+    Py_VISIT(self->rr);
+    Py_VISIT(self->lane_of);
+    Py_VISIT(self->acc);
+    Py_VISIT(self->lane_append);
+    Py_VISIT(self->block_s);
+    Py_VISIT(self->handle_type);
+    Py_VISIT(self->lane_type);
+    return 0;
+}
+
+static int
+lane_sender_clear(LaneSender *self)
+{
+    Py_CLEAR(self->python_send);
+    Py_CLEAR(self->engine);
+    Py_CLEAR(self->cache);
+    Py_CLEAR(self->rr);
+    Py_CLEAR(self->lane_of);
+    Py_CLEAR(self->acc);
+    Py_CLEAR(self->lane_append);
+    Py_CLEAR(self->block_s);
+    Py_CLEAR(self->handle_type);
+    Py_CLEAR(self->lane_type);
+    return 0;
+}
+
+static void
+lane_sender_dealloc(LaneSender *self)
+{
+    PyObject_GC_UnTrack(self);
+    lane_sender_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+lane_sender_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    LaneSender *self = (LaneSender *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        self->vectorcall = lane_sender_call; /* callable before __init__ too: it forwards */
+    return (PyObject *)self;
+}
+
+static PyObject *
+lane_sender_tp_call(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(op, args, kwargs);
+}
+
+static PyObject *
+lane_sender_get_python(LaneSender *self, void *closure)
+{
+    if (self->python_send == NULL)
+        Py_RETURN_NONE;
+    return Py_NewRef(self->python_send);
+}
+
+static PyGetSetDef lane_sender_getset[] = {
+    {"python_send", (getter)lane_sender_get_python, NULL,
+     "the Python send_async every call that is not (topic, value) goes to", NULL},
+    {NULL},
+};
+
+static PyTypeObject LaneSenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pymetaq.client._speedups.LaneSender",
+    .tp_doc = "send_async's lane fast path (see lanes.lane_sender)",
+    .tp_basicsize = sizeof(LaneSender),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(LaneSender, vectorcall),
+    .tp_call = lane_sender_tp_call,
+    .tp_new = lane_sender_new,
+    .tp_init = (initproc)lane_sender_init,
+    .tp_traverse = (traverseproc)lane_sender_traverse,
+    .tp_clear = (inquiry)lane_sender_clear,
+    .tp_dealloc = (destructor)lane_sender_dealloc,
+    .tp_getset = lane_sender_getset,
+};
+
+/* ---------------------------------------------------------------- messages */
+
+/* seq[i] as a new reference (lists and tuples read directly, anything else by index) */
+static inline PyObject *
+item(PyObject *seq, Py_ssize_t i)
+{
+    if (PyList_CheckExact(seq)) {
+        if (i < PyList_GET_SIZE(seq))
+            return Py_NewRef(PyList_GET_ITEM(seq, i));
+    } else if (PyTuple_CheckExact(seq)) {
+        if (i < PyTuple_GET_SIZE(seq))
+            return Py_NewRef(PyTuple_GET_ITEM(seq, i));
+    } else {
+        return PySequence_GetItem(seq, i);
+    }
+    PyErr_SetString(PyExc_IndexError, "messages(): a column is shorter than the batch");
+    return NULL;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *cls; /* Message: a tuple subclass of 9 fields */
+    PyObject *topic, *partition, *broker;
+    PyObject *bounds, *ids, *values; /* sequences: record starts (+ the end), ids, payloads */
+    Py_ssize_t k, hi;
+    int bounds_range;          /* bounds is a range: offset k is start + k * step */
+    long long start, step;
+} MessageIter;
+
+/* bounds[k] as a new reference */
+static inline PyObject *
+bound(MessageIter *it, Py_ssize_t k)
+{
+    if (it->bounds_range)
+        return PyLong_FromLongLong(it->start + (long long)k * it->step);
+    return item(it->bounds, k);
+}
+
+static PyObject *
+message_iter_next(MessageIter *it)
+{
+    Py_ssize_t k = it->k;
+    if (k >= it->hi)
+        return NULL;
+    PyObject *offset = bound(it, k), *nxt = NULL, *id = NULL, *value = NULL;
+    if (offset == NULL || (nxt = bound(it, k + 1)) == NULL ||
+        (id = item(it->ids, k)) == NULL || (value = item(it->values, k)) == NULL)
+        goto error;
+    PyObject *m = it->cls->tp_alloc(it->cls, 9);
+    if (m == NULL)
+        goto error;
+    PyTuple_SET_ITEM(m, 0, Py_NewRef(it->topic));
+    PyTuple_SET_ITEM(m, 1, Py_NewRef(it->partition));
+    PyTuple_SET_ITEM(m, 2, offset);
+    PyTuple_SET_ITEM(m, 3, id);
+    PyTuple_SET_ITEM(m, 4, value);
+    PyTuple_SET_ITEM(m, 5, Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(m, 6, nxt);
+    PyTuple_SET_ITEM(m, 7, Py_NewRef(it->broker));
+    PyTuple_SET_ITEM(m, 8, Py_NewRef(Py_None));
+    it->k = k + 1;
+    return m;
+error:
+    Py_XDECREF(offset);
+    Py_XDECREF(nxt);
+    Py_XDECREF(id);
+    Py_XDECREF(value);
+    return NULL;
+}
+
+static int
+message_iter_traverse(MessageIter *it, visitproc visit, void *arg)
+{
+    Py_VISIT(it->cls);
+    Py_VISIT(it->topic);
+    Py_VISIT(it->partition);
+    Py_VISIT(it->broker);
+    Py_VISIT(it->bounds);
+    Py_VISIT(it->ids);
+    Py_VISIT(it->values);
+    return 0;
+}
+
+static int
+message_iter_clear(MessageIter *it)
+{
+    Py_CLEAR(it->cls);
+    Py_CLEAR(it->topic);
+    Py_CLEAR(it->partition);
+    Py_CLEAR(it->broker);
+    Py_CLEAR(it->bounds);
+    Py_CLEAR(it->ids);
+    Py_CLEAR(it->values);
+    return 0;
+}
+
+static void
+message_iter_dealloc(MessageIter *it)
+{
+    PyObject_GC_UnTrack(it);
+    message_iter_clear(it);
+    PyObject_GC_Del(it);
+}
+
+static PyObject *
+message_iter_length_hint(MessageIter *it, PyObject *unused)
+{
+    return PyLong_FromSsize_t(it->hi > it->k ? it->hi - it->k : 0);
+}
+
+static PyMethodDef message_iter_methods[] = {
+    {"__length_hint__", (PyCFunction)message_iter_length_hint, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject MessageIterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pymetaq.client._speedups.MessageIter",
+    .tp_doc = "the messages of a batch's records lo..hi (see messages())",
+    .tp_basicsize = sizeof(MessageIter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)message_iter_next,
+    .tp_traverse = (traverseproc)message_iter_traverse,
+    .tp_clear = (inquiry)message_iter_clear,
+    .tp_dealloc = (destructor)message_iter_dealloc,
+    .tp_methods = message_iter_methods,
+};
+
+/* messages(cls, topic, partition, broker_id, bounds, ids, values, lo, hi) -> iterator of
+ * cls(topic, partition, bounds[k], ids[k], values[k], None, bounds[k + 1], broker_id, None)
+ * for k in lo..hi: MessageBatch.__iter__'s map(tuple.__new__, repeat(cls), zip(...)) */
+static PyObject *
+speedups_messages(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "messages(cls, topic, partition, broker_id, bounds, ids, values, lo, hi)");
+        return NULL;
+    }
+    if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "messages(): cls must subclass tuple");
+        return NULL;
+    }
+    Py_ssize_t lo = PyLong_AsSsize_t(args[7]), hi;
+    if (lo == -1 && PyErr_Occurred())
+        return NULL;
+    hi = PyLong_AsSsize_t(args[8]);
+    if (hi == -1 && PyErr_Occurred())
+        return NULL;
+    if (lo < 0 || hi < lo) {
+        PyErr_SetString(PyExc_ValueError, "messages(): 0 <= lo <= hi");
+        return NULL;
+    }
+    MessageIter *it = PyObject_GC_New(MessageIter, &MessageIterType);
+    if (it == NULL)
+        return NULL;
+    it->cls = (PyTypeObject *)Py_NewRef(args[0]);
+    it->topic = Py_NewRef(args[1]);
+    it->partition = Py_NewRef(args[2]);
+    it->broker = Py_NewRef(args[3]);
+    it->bounds = Py_NewRef(args[4]);
+    it->ids = Py_NewRef(args[5]);
+    it->values = Py_NewRef(args[6]);
+    it->k = lo;
+    it->hi = hi;
+    it->bounds_range = 0;
+    if (Py_IS_TYPE(args[4], &PyRange_Type)) { /* a run's bounds: computed, not indexed */
+        PyObject *start = PyObject_GetAttrString(args[4], "start");
+        PyObject *step = start == NULL ? NULL : PyObject_GetAttrString(args[4], "step");
+        PyObject *len = step == NULL ? NULL : PyLong_FromSsize_t(PyObject_Length(args[4]));
+        if (len != NULL) {
+            int overflow = 0;
+            long long a = PyLong_AsLongLongAndOverflow(start, &overflow);
+            long long b = overflow ? 0 : PyLong_AsLongLongAndOverflow(step, &overflow);
+            Py_ssize_t n = PyLong_AsSsize_t(len);
+            /* every offset up to the range's end fits in a long long: compute them */
+            if (!overflow && !PyErr_Occurred() && b > 0 && a >= 0 &&
+                a <= LLONG_MAX / 2 && hi < n && b <= (LLONG_MAX / 2) / (n + 1)) {
+                it->bounds_range = 1;
+                it->start = a;
+                it->step = b;
+            }
+        }
+        Py_XDECREF(start);
+        Py_XDECREF(step);
+        Py_XDECREF(len);
+        if (PyErr_Occurred()) {
+            Py_DECREF(it);
+            return NULL;
+        }
+    }
+    PyObject_GC_Track(it);
+    return (PyObject *)it;
+}
+
+/* ---------------------------------------------------------------- module */
+
+static PyMethodDef speedups_methods[] = {
+    {"messages", (PyCFunction)(void (*)(void))speedups_messages, METH_FASTCALL,
+     "messages(cls, topic, partition, broker_id, bounds, ids, values, lo, hi) -> iterator"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT, "pymetaq.client._speedups",
+    "The client's optional C accelerator (see pymetaq.client.speedups).", -1,
+    speedups_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+#define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
+    INTERN(str_divert, "_divert");
+    INTERN(str_owner, "owner");
+    INTERN(str_values, "values");
+    INTERN(str_nbytes, "nbytes");
+    INTERN(str_closed, "closed");
+    INTERN(str_attend, "attend");
+#undef INTERN
+    if (PyType_Ready(&LaneSenderType) < 0 || PyType_Ready(&MessageIterType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&speedups_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&LaneSenderType);
+    if (PyModule_AddObject(m, "LaneSender", (PyObject *)&LaneSenderType) < 0) {
+        Py_DECREF(&LaneSenderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,224 @@
+/* pymetaq.storage._speedups: the record format's optional C accelerator.
+ *
+ * Each function is the exact equivalent of a pure-Python one that stays the reference and the
+ * fallback (pymetaq.storage.speedups picks one; the tests compare them):
+ *
+ *   crc32(data, value=0) -> int
+ *       zlib.crc32's result (slicing-by-8).
+ *
+ *   record_parts(values) -> (parts, total)
+ *       MetaQ records for a list of payloads, as a producer batches them:
+ *       parts = [header0, value0, header1, value1, ...], each header the 20 bytes
+ *       ">iiqi" (len, CRC32(value) & 0x7FFFFFFF, id 0, flag 0); total = sum of 20 + len.
+ *       Python: storage.record.record_parts_py.
+ *
+ *   uniform_crc_mismatch(buf, stride, n) -> int
+ *       The index of the first of n records of stride bytes at the start of buf whose stored
+ *       CRC (bytes 4..7, big-endian) is not CRC32(bytes 20..stride) & 0x7FFFFFFF; -1: none.
+ *       The caller has checked that n * stride <= len(buf) and stride >= 20.
+ *       Python: storage.batch._check_uniform's loop. Releases the GIL while it runs.
+ *
+ * Thread-safety: the CRC table is written once, at import; the functions keep no state.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- CRC32 (zlib's) */
+
+static uint32_t crc_table[8][256];
+
+static void
+crc_init(void)
+{
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = crc_table[0][n];
+        for (int k = 1; k < 8; k++) {
+            c = crc_table[0][c & 0xff] ^ (c >> 8);
+            crc_table[k][n] = c;
+        }
+    }
+}
+
+static uint32_t
+crc32_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+    crc = ~crc;
+#if PY_LITTLE_ENDIAN
+    while (n >= 8) {
+        uint32_t one, two;
+        memcpy(&one, p, 4);
+        memcpy(&two, p + 4, 4);
+        one ^= crc;
+        crc = crc_table[7][one & 0xff] ^ crc_table[6][(one >> 8) & 0xff] ^
+              crc_table[5][(one >> 16) & 0xff] ^ crc_table[4][one >> 24] ^
+              crc_table[3][two & 0xff] ^ crc_table[2][(two >> 8) & 0xff] ^
+              crc_table[1][(two >> 16) & 0xff] ^ crc_table[0][two >> 24];
+        p += 8;
+        n -= 8;
+    }
+#endif
+    while (n--)
+        crc = crc_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+static PyObject *
+speedups_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "crc32(data, value=0)");
+        return NULL;
+    }
+    uint32_t start = 0;
+    if (nargs == 2) {
+        start = (uint32_t)PyLong_AsUnsignedLongMask(args[1]);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc = crc32_update(start, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+/* ---------------------------------------------------------------- record_parts */
+
+static inline void
+put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static PyObject *
+speedups_record_parts(PyObject *module, PyObject *values)
+{
+    if (!PyList_CheckExact(values)) {
+        PyErr_SetString(PyExc_TypeError, "record_parts() takes a list of bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    PyObject *parts = PyList_New(2 * n);
+    if (parts == NULL)
+        return NULL;
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        if (!PyBytes_Check(v)) {
+            Py_DECREF(parts);
+            PyErr_Format(PyExc_TypeError, "record_parts(): item %zd is not bytes", i);
+            return NULL;
+        }
+        Py_ssize_t len = PyBytes_GET_SIZE(v);
+        if (len > INT32_MAX) {
+            Py_DECREF(parts);
+            PyErr_SetString(PyExc_OverflowError, "record_parts(): a value over 2 GiB");
+            return NULL;
+        }
+        PyObject *h = PyBytes_FromStringAndSize(NULL, 20);
+        if (h == NULL) {
+            Py_DECREF(parts);
+            return NULL;
+        }
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(h);
+        uint32_t crc = crc32_update(0, (const unsigned char *)PyBytes_AS_STRING(v), (size_t)len);
+        put_be32(p, (uint32_t)len);
+        put_be32(p + 4, crc & 0x7FFFFFFFu);
+        memset(p + 8, 0, 12);
+        PyList_SET_ITEM(parts, 2 * i, h);
+        Py_INCREF(v);
+        PyList_SET_ITEM(parts, 2 * i + 1, v);
+        total += 20 + len;
+    }
+    PyObject *tot = PyLong_FromLongLong(total);
+    if (tot == NULL) {
+        Py_DECREF(parts);
+        return NULL;
+    }
+    PyObject *out = PyTuple_Pack(2, parts, tot);
+    Py_DECREF(parts);
+    Py_DECREF(tot);
+    return out;
+}
+
+/* ---------------------------------------------------------------- uniform_crc_mismatch */
+
+static inline uint32_t
+get_be32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static PyObject *
+speedups_uniform_crc_mismatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "uniform_crc_mismatch(buf, stride, n)");
+        return NULL;
+    }
+    Py_ssize_t stride = PyLong_AsSsize_t(args[1]);
+    if (stride == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (stride < 20 || n < 0 || (n > 0 && stride > view.len / n)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "uniform_crc_mismatch(): n records of stride do not fit");
+        return NULL;
+    }
+    const unsigned char *base = view.buf;
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const unsigned char *rec = base + k * stride;
+        uint32_t crc = crc32_update(0, rec + 20, (size_t)(stride - 20)) & 0x7FFFFFFFu;
+        if (crc != get_be32(rec + 4)) {
+            bad = k;
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(bad);
+}
+
+/* ---------------------------------------------------------------- module */
+
+static PyMethodDef speedups_methods[] = {
+    {"crc32", (PyCFunction)(void (*)(void))speedups_crc32, METH_FASTCALL,
+     "crc32(data, value=0) -> int: zlib.crc32's result"},
+    {"record_parts", (PyCFunction)speedups_record_parts, METH_O,
+     "record_parts(values) -> (parts, total): [header, value, ...] and their bytes"},
+    {"uniform_crc_mismatch", (PyCFunction)(void (*)(void))speedups_uniform_crc_mismatch,
+     METH_FASTCALL, "uniform_crc_mismatch(buf, stride, n) -> first bad record's index, or -1"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT, "pymetaq.storage._speedups",
+    "The record format's optional C accelerator (see pymetaq.storage.speedups).", -1,
+    speedups_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    crc_init();
+    return PyModule_Create(&speedups_module);
+}

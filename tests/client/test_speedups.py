@@ -1,0 +1,289 @@
+"""The client's C accelerator (client/_speedups.c) against the Python closure it replaces.
+
+Whichever runs, a user gets the same partitions, the same handles and the same calls into the
+accumulator: the C lane path and the closure run the same scripts of sends (hypothesis and a
+seeded random burst) and must leave the same trace; the lane tests against a real broker run
+once more with ``PYMETAQ_NO_EXTENSIONS=1`` (pure Python). The record format's accelerator is
+tested in tests/storage/test_speedups.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import subprocess
+import sys
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
+
+from pymetaq.client import speedups as speedups_mod
+from pymetaq.client.consumer import batch as batch_mod
+from pymetaq.client.consumer.batch import MessageBatch
+from pymetaq.client.producer import lanes
+from pymetaq.client.producer.lanes import Lane, LaneHandle
+from pymetaq.client.types import Message, TopicPartition
+from tests._helpers import pytest_in_pure_python
+
+C = speedups_mod.speedups
+
+
+def test_the_extension_is_built_and_chosen() -> None:
+    """`pip install -e .` with gcc and the Python headers builds it (CI has both); a missing
+    extension would silently make every per-message send twice as slow."""
+    assert C is not None, (
+        "pymetaq.client._speedups is not built: install gcc and python3-dev, then "
+        "pip install -e . again"
+    )
+    assert speedups_mod.SPEEDUPS_IMPL == "c"
+
+
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_pymetaq_no_extensions_selects_pure_python(value: str) -> None:
+    code = (
+        "from pymetaq.client.speedups import SPEEDUPS_IMPL as c; "
+        "from pymetaq.storage.speedups import SPEEDUPS_IMPL as s; print(c, s)"
+    )
+    env = {**os.environ, "PYMETAQ_NO_EXTENSIONS": value}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "python python", out.stderr
+
+
+# -- LaneSender: the C fast path of send_async and the Python closure, on the same script ----
+
+
+class _World:
+    """What lane_sender reads from an engine and its accumulator, recording every call."""
+
+    def __init__(self, parts: dict[str, list[TopicPartition]], cap: int, owner: bool) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.lane_of: dict[TopicPartition, Lane] = {}
+        self.partition_cache = parts
+        self.counter = itertools.count()
+        strategy = SimpleNamespace(next=self.counter.__next__)
+        acc = SimpleNamespace(
+            lane_of=self.lane_of,
+            owner=threading.get_ident() if owner else None,
+            lane_append=self.lane_append,
+            attend=self.attend,
+        )
+        self.acc = acc
+        self.engine = SimpleNamespace(
+            acc=acc,
+            brokers=SimpleNamespace(partition_cache=parts),
+            _rr_next=strategy.next,
+            cfg=SimpleNamespace(max_message_bytes=64, batch_messages=cap, batch_bytes=300),
+            block_s=1.5,
+            _divert=False,
+        )
+
+    def lane_append(self, tp: TopicPartition, value: bytes, block_s: float) -> Any:
+        self.calls.append(("lane_append", tp, value, block_s))
+        lane = self.lane_of[tp] = Lane(self.acc, tp)  # type: ignore[arg-type]
+        lane.values.append(value)
+        lane.nbytes = len(value)
+        return LaneHandle((lane, 0))
+
+    def attend(self, lane: Lane) -> None:
+        self.calls.append(("attend", lane.tp, len(lane.values)))
+
+    def slow(self, *args: Any) -> Any:
+        self.calls.append(("slow", *args))
+        return "slow"
+
+
+def _sender(world: _World, use_c: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(lanes, "speedups", C if use_c else None)
+    send = lanes.lane_sender(world.engine, world.slow)  # type: ignore[arg-type]
+    assert (type(send).__name__ == "LaneSender") == use_c
+    return send
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("send"), st.sampled_from(["a", "b", "none"]), st.integers(0, 80)),
+        st.tuples(st.just("kw"), st.sampled_from(["key", "partition", "attribute", "force"])),
+        st.tuples(st.just("str"), st.just("a"), st.just(0)),
+        st.tuples(st.just("divert"), st.booleans(), st.just(0)),
+        st.tuples(st.just("close"), st.sampled_from(["a", "b"]), st.just(0)),
+        st.tuples(st.just("absorb"), st.sampled_from(["a", "b"]), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+def _run(world: _World, send: Any, ops: list[tuple[Any, ...]]) -> list[Any]:
+    out: list[Any] = []
+    for op in ops:
+        kind = op[0]
+        if kind == "send":
+            h = send(op[1], bytes(op[2]))
+            out.append(h if h == "slow" else (type(h).__name__, h[0].tp, h[1]))
+        elif kind == "kw":
+            out.append(send("a", b"v", **{op[1]: 1}))
+        elif kind == "str":
+            out.append(send("a", "text"))
+        elif kind == "divert":
+            world.engine._divert = op[1]
+        elif kind in ("close", "absorb"):
+            tp = world.partition_cache[op[1]][0]
+            lane = world.lane_of.get(tp)
+            if lane is not None:
+                lane.closed = True  # the accumulator's absorb: closed, then dropped
+                if kind == "absorb":
+                    del world.lane_of[tp]
+    lanes_now = {tp: (list(lane.values), lane.nbytes) for tp, lane in world.lane_of.items()}
+    return [out, world.calls, lanes_now, next(world.counter)]
+
+
+def _parts() -> dict[str, list[TopicPartition]]:
+    return {
+        "a": [TopicPartition("a", 0, p) for p in range(3)],
+        "b": [TopicPartition("b", 1, 0)],
+    }
+
+
+@seed(20261125)
+@settings(max_examples=150, deadline=None)
+@given(_OPS, st.integers(1, 5), st.booleans())
+def test_lane_sender_in_c_does_what_the_closure_does(
+    ops: list[tuple[Any, ...]], cap: int, owner: bool
+) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        results = []
+        for use_c in (False, True):
+            world = _World(_parts(), cap, owner)
+            results.append(_run(world, _sender(world, use_c, mp), ops))
+    assert results[0] == results[1]
+
+
+def test_lane_sender_forwards_every_other_signature_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = _World(_parts(), 10, True)
+    send = _sender(world, True, monkeypatch)
+    assert send("a", b"x", b"k") == "slow"  # a key, positionally
+    assert send("a", b"x", None, 2, "at", True) == "slow"
+    assert send("a", b"x" * 65) == "slow"  # over max_message_bytes
+    assert send("nope", b"x") == "slow"  # a topic never fetched
+    assert world.calls == [
+        ("slow", "a", b"x", b"k", None, None, False),
+        ("slow", "a", b"x", None, 2, "at", True),
+        ("slow", "a", b"x" * 65, None, None, None, False),
+        ("slow", "nope", b"x", None, None, None, False),
+    ]
+    assert next(world.counter) == 0  # none of them took a round robin step
+    # keywords go to the closure, which takes the lane path itself
+    h = send(topic="a", value=b"x")
+    assert isinstance(h, LaneHandle) and h[1] == 0
+    assert world.calls[-1] == ("lane_append", TopicPartition("a", 0, 1), b"x", 1.5)
+    with pytest.raises(TypeError):
+        send()
+
+
+def test_lane_sender_from_another_thread_takes_the_locked_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = _World(_parts(), 10, True)
+    send = _sender(world, True, monkeypatch)
+    assert send("b", b"1")[1] == 0  # opens the lane (lane_append)
+    assert send("b", b"2")[1] == 1  # the lane, in C
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(send("b", b"3")))
+    t.start()
+    t.join()
+    assert [c[0] for c in world.calls] == ["lane_append", "lane_append"]
+    assert got[0][1] == 0  # the fake's lane_append opened a new lane for it
+
+
+def test_lane_and_scan_tests_pass_in_pure_python_too() -> None:
+    """The real-broker lane tests and the consumer's scan tests, once more without the
+    extension."""
+    pytest_in_pure_python(
+        "tests/client/test_producer_lanes.py", "tests/client/test_consumer_scan.py"
+    )
+
+
+def test_random_bursts_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long bursts with lanes filling and closing, seeded: the same trace both ways."""
+    rng_seed = 20261125
+    print(f"seed {rng_seed}")
+    rng = random.Random(rng_seed)
+    ops: list[tuple[Any, ...]] = []
+    for _ in range(3000):
+        r = rng.random()
+        if r < 0.9:
+            ops.append(("send", rng.choice("ab"), rng.randrange(0, 70)))
+        elif r < 0.95:
+            ops.append(("absorb", rng.choice("ab"), 0))
+        else:
+            ops.append(("close", rng.choice("ab"), 0))
+    results = []
+    for use_c in (False, True):
+        world = _World(_parts(), 7, True)
+        results.append(_run(world, _sender(world, use_c, monkeypatch), ops))
+    assert results[0] == results[1]
+
+
+# -- messages: a batch's Message objects --------------------------------------------------
+
+
+def _python_messages(batch: MessageBatch) -> list[Message]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(batch_mod, "_messages", None)
+        return list(batch)
+
+
+@seed(20261125)
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.binary(max_size=30), max_size=30),
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.booleans(),
+    st.integers(0, 2**40),
+)
+def test_messages_in_c_are_the_messages_of_the_python_iteration(
+    values: list[bytes], lo: int, hi: int, uniform: bool, base: int
+) -> None:
+    n = len(values)
+    if uniform:
+        bounds: Any = range(base, base + 120 * (n + 1), 120)
+        ids: Any = tuple(range(7, 7 + n))
+    else:
+        bounds = [base + 3 * k * k for k in range(n + 1)]
+        ids = [2**62 + k for k in range(n)]
+    whole = MessageBatch(bounds, ids, values, "t", 3, 9)
+    for batch in (whole, whole[min(lo, hi) : max(lo, hi)]):
+        got = list(batch)
+        assert got == _python_messages(batch)
+        assert all(type(m) is Message for m in got)
+    assert batch_mod._messages is not None
+
+
+def test_messages_refuses_bad_arguments() -> None:
+    assert C is not None
+    cols = (range(0, 40, 10), (1, 2, 3), [b"a", b"b", b"c"])
+    assert [m.offset for m in C.messages(Message, "t", 0, 0, *cols, 0, 3)] == [0, 10, 20]
+    assert [m.value for m in C.messages(Message, "t", 0, 0, *cols, 1, 2)] == [b"b"]
+    with pytest.raises(TypeError, match="subclass tuple"):
+        C.messages(dict, "t", 0, 0, *cols, 0, 3)
+    with pytest.raises(ValueError, match="lo <= hi"):
+        C.messages(Message, "t", 0, 0, *cols, 2, 1)
+    with pytest.raises(ValueError, match="lo <= hi"):
+        C.messages(Message, "t", 0, 0, *cols, -1, 1)
+    with pytest.raises(IndexError, match="shorter"):  # a column shorter than hi
+        list(C.messages(Message, "t", 0, 0, range(0, 40, 10), [1], [b"a", b"b"], 0, 2))
+    with pytest.raises(IndexError):  # bounds one short: no record end for the last one
+        list(C.messages(Message, "t", 0, 0, range(0, 30, 10), (1, 2, 3), cols[2], 0, 3))
+    with pytest.raises(TypeError):
+        C.messages(Message, "t")
+    it = C.messages(Message, "t", 0, 0, *cols, 0, 3)
+    assert it.__length_hint__() == 3
+    next(it)
+    assert it.__length_hint__() == 2

@@ -1,0 +1,113 @@
+"""The record format's C accelerator (storage/_speedups.c) against its pure-Python references.
+
+Whichever runs, producers build the same bytes and the broker accepts and refuses the same
+batches: each C function is compared with the Python it replaces on the same inputs
+(hypothesis, seeded), hostile arguments get a clear error, and the record tests run once more
+with ``PYMETAQ_NO_EXTENSIONS=1``.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+import pytest
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
+
+from pymetaq.storage import speedups as speedups_mod
+from pymetaq.storage.checksum import checksum_reference
+from pymetaq.storage.record import encode_record, record_parts, record_parts_py
+from tests._helpers import pytest_in_pure_python
+
+C = speedups_mod.speedups
+
+
+def test_the_extension_is_built_and_chosen() -> None:
+    assert C is not None, (
+        "pymetaq.storage._speedups is not built: install gcc and python3-dev, then "
+        "pip install -e . again"
+    )
+    assert speedups_mod.SPEEDUPS_IMPL == "c"
+    assert record_parts is C.record_parts
+
+
+@seed(20261125)
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
+def test_crc32_is_zlibs_and_crcmods(data: bytes, start: int) -> None:
+    assert C is not None
+    assert C.crc32(data) == zlib.crc32(data)
+    assert C.crc32(data) & 0x7FFFFFFF == checksum_reference(data)
+    assert C.crc32(data, start) == zlib.crc32(data, start)
+    assert C.crc32(memoryview(data)) == zlib.crc32(data)
+
+
+@seed(20261125)
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=200), max_size=40))
+def test_record_parts_builds_the_reference_records(values: list[bytes]) -> None:
+    assert C is not None
+    parts, total = C.record_parts(values)
+    assert (parts, total) == record_parts_py(values)
+    assert b"".join(parts) == b"".join(encode_record(v) for v in values)
+
+
+def test_record_parts_refuses_what_is_not_a_list_of_bytes() -> None:
+    assert C is not None
+    with pytest.raises(TypeError, match="item 1 is not bytes"):
+        C.record_parts([b"a", "b"])
+    with pytest.raises(TypeError, match="a list of bytes"):
+        C.record_parts((b"a",))
+
+    class Sub(bytes):
+        pass
+
+    assert C.record_parts([Sub(b"ab")]) == record_parts_py([Sub(b"ab")])
+
+
+def _python_mismatch(buf: bytes | bytearray, stride: int, n: int) -> int:
+    for k in range(n):
+        rec = buf[k * stride : (k + 1) * stride]
+        if zlib.crc32(rec[20:]) & 0x7FFFFFFF != int.from_bytes(rec[4:8], "big"):
+            return k
+    return -1
+
+
+@seed(20261125)
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 120),
+    st.integers(1, 40),
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=3),
+)
+def test_uniform_crc_mismatch_finds_the_first_bad_record(
+    length: int, n: int, flips: list[tuple[int, int]]
+) -> None:
+    assert C is not None
+    rng = random.Random(length * 1000 + n)
+    buf = bytearray(b"".join(encode_record(rng.randbytes(length)) for _ in range(n)))
+    for where, mask in flips:  # anywhere: length, CRC, id, flag or data bytes
+        buf[where % len(buf)] ^= mask
+    stride = 20 + length
+    assert C.uniform_crc_mismatch(buf, stride, n) == _python_mismatch(buf, stride, n)
+    assert C.uniform_crc_mismatch(bytes(buf), stride, n) == _python_mismatch(buf, stride, n)
+
+
+def test_uniform_crc_mismatch_refuses_records_that_do_not_fit() -> None:
+    assert C is not None
+    buf = encode_record(b"x" * 10) * 3  # 3 records of stride 30
+    assert C.uniform_crc_mismatch(buf, 30, 3) == -1
+    assert C.uniform_crc_mismatch(buf, 30, 0) == -1
+    for stride, n in ((30, 4), (31, 3), (19, 1), (30, -1), (2**62, 2), (0, 1)):
+        with pytest.raises(ValueError, match="do not fit"):
+            C.uniform_crc_mismatch(buf, stride, n)
+    with pytest.raises(TypeError):
+        C.uniform_crc_mismatch("text", 30, 1)
+    with pytest.raises(TypeError):
+        C.uniform_crc_mismatch(buf, 30)
+
+
+def test_record_and_flag_tests_pass_in_pure_python_too() -> None:
+    """The batch validation tests (uniform and mixed, flags, refusals) without the extension."""
+    pytest_in_pure_python("tests/storage/test_record.py", "tests/storage/test_flags.py")
