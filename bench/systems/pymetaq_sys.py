@@ -31,7 +31,8 @@ Cases mirror the peers (see ``bench/systems/redis_sys.py``): produce = ``send_ma
 ``batch`` messages for ``seconds`` then ``flush()`` (counted: acks without error);
 produce_each = one ``send_async`` per message (asyncio modes: ``send_nowait``, yielding to the
 loop every ``batch`` messages, waiting while ``ASYNC_WINDOW`` such bursts are unacknowledged)
-for ``seconds``, then ``flush()`` - the loop a Kafka or Redis user writes first, against
+for ``seconds``, then ``flush()``, with the producer's default ``batch_messages`` - the loop a
+Kafka or Redis user writes first, against
 redis-py's pipelined XADD (counted: the messages stored, from the offset of a final ``send``,
 since every record of the topic has the same size); consume =
 pre-fill then ``poll`` until drained or ``seconds``; ack latency = open-loop, every due message
@@ -184,19 +185,18 @@ class PymetaqSystem(System):
     def _topic(self, mode: str, case: str) -> str:
         return f"bench-{mode[0]}-{case}-{next(self._ids)}"
 
-    def _producer_options(self, batch: int, linger_ms: int) -> dict[str, Any]:
-        """What both faces' producers are built with."""
-        return {
-            "linger_ms": linger_ms,
-            "batch_messages": batch,
-            "max_in_flight": 8,
-            "idempotence": self.idempotence,
-        }
+    def _producer_options(self, batch: int | None, linger_ms: int) -> dict[str, Any]:
+        """What both faces' producers are built with (``batch`` None: the producer's own
+        ``batch_messages``)."""
+        options = {"linger_ms": linger_ms, "max_in_flight": 8, "idempotence": self.idempotence}
+        if batch is not None:
+            options["batch_messages"] = batch
+        return options
 
-    def _producer(self, batch: int, linger_ms: int) -> Any:
+    def _producer(self, batch: int | None, linger_ms: int) -> Any:
         return self._client.Producer(self._servers, **self._producer_options(batch, linger_ms))
 
-    def _async_producer(self, batch: int, linger_ms: int) -> Any:
+    def _async_producer(self, batch: int | None, linger_ms: int) -> Any:
         return self._client.AsyncProducer(self._servers, **self._producer_options(batch, linger_ms))
 
     def _consumer(self, topic: str) -> Any:
@@ -217,11 +217,13 @@ class PymetaqSystem(System):
     def produce_each(self, msg_bytes: int, batch: int, seconds: float, mode: str) -> Throughput:
         topic = self._topic(mode, "each")
         value = filler(msg_bytes)
+        # the producer's own batch_messages: the loop as a user writes it (``batch`` is how
+        # many sends go between clock checks, and between yields on the asyncio face)
         if _asyncio_face(mode):
-            producer = self._async_producer(batch, THROUGHPUT_LINGER_MS)
+            producer = self._async_producer(None, THROUGHPUT_LINGER_MS)
             sent, elapsed, stored = asyncio.run(_each_async(producer, topic, value, batch, seconds))
         else:
-            with self._producer(batch, THROUGHPUT_LINGER_MS) as producer:
+            with self._producer(None, THROUGHPUT_LINGER_MS) as producer:
                 producer.partitions(topic)
                 send = producer.send_async
                 sent = 0
