@@ -83,7 +83,9 @@ def test_batch_read_json_offset_ranges(spark: Any, broker: BrokerProcess):
 
 def test_min_partitions_splits_at_segment_starts(spark: Any, broker: BrokerProcess):
     values = [b"%06d" % i + b"x" * 94 for i in range(3000)]  # 3000 x 120 bytes: ~6 segments
-    with Producer(servers(broker)) as p:
+    # batches of 500: a batch is never split across segments, and one of the default 4096
+    # would hold all 3000 in one segment
+    with Producer(servers(broker), batch_messages=500) as p:
         for v in values:
             p.send_async("big", v)
         assert p.flush(60)
@@ -94,6 +96,7 @@ def test_min_partitions_splits_at_segment_starts(spark: Any, broker: BrokerProce
         starts = sorted({br.nearest(tp, off) for off in range(first, end, 4096)})
     # cut at segment starts only: as many tasks as distinct starts the cuts hit (>1 here)
     print("segment starts", starts, "tasks", df.rdd.getNumPartitions())
+    assert len(starts) > 1, starts  # the premise: several segments
     assert 1 < df.rdd.getNumPartitions() <= min(4, len(starts))
     got = [r.value for r in df.collect()]
     assert sorted(got) == sorted(values) and len(got) == len(values)
