@@ -44,22 +44,17 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from pymetaq.client.errors import CorruptMessage
 from pymetaq.client.types import Message
-from pymetaq.storage.checksum import MASK31, crc32
 from pymetaq.storage.record import (
     FLAG_ATTRIBUTE,
     FLAG_LZ4_BATCH,
-    HEADER,
     CorruptRecordError,
     Record,
     decode_data,
     encode_data,
     encode_record,
     iter_records,
+    record_parts,
 )
-
-_pack_header: Callable[..., bytes] = HEADER.pack
-_crc32 = crc32  # ISA-L's when installed (storage.checksum)
-
 
 #: ``_new(Message, (topic, partition, offset, id, value, attribute, next_offset, broker_id,
 #: key))``
@@ -96,12 +91,7 @@ def build_record(value: bytes, attribute: str | None = None) -> bytes:
 
 def build_records(values: Iterable[bytes]) -> bytes:
     """Concatenated records (no attributes) for payloads: one join for the whole batch."""
-    parts: list[bytes] = []
-    append = parts.append
-    for v in values:
-        append(_pack_header(len(v), _crc32(v) & MASK31, 0, 0))
-        append(v)
-    return b"".join(parts)
+    return b"".join(record_parts(values if isinstance(values, list) else list(values))[0])
 
 
 def compress_batch(records: bytes | Sequence[bytes]) -> bytes:
