@@ -55,6 +55,9 @@ class StoreConfig:
     #: refuse appends while a data directory's filesystem has less free space (0 = no check;
     #: the broker's ``[system] minFreeDiskBytes``), see :mod:`pymetaq.storage.space`
     min_free_disk_bytes: int = 0
+    #: how appended bytes reach the page cache: ``pwrite`` or ``mmap`` (the broker's
+    #: ``[system] segmentWrites``), see :mod:`pymetaq.storage.disk`
+    segment_writes: str = "pwrite"
 
 
 class RetentionKind(enum.Enum):

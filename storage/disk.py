@@ -4,13 +4,26 @@ Every segment write, fsync, truncate, create, rename and unlink goes through a :
 and the :class:`SegmentFile` objects it returns, so a test double can drop unsynced writes and
 simulate a power loss.  The real implementation, :class:`MmapDisk`:
 
-- creates a segment sized (``ftruncate``, sparse) to its capacity and maps it with the
-  stdlib :mod:`mmap` (shared, read/write); ``write_at`` is one slice assignment into the map —
-  no memoryview of the map is ever created, so the map can always be closed;
-- **reserves space before a byte is written into the map**: a store into a sparse page that
-  the filesystem cannot back raises SIGBUS and kills the process, so ``write_at`` first makes
-  sure the range is allocated with ``os.posix_fallocate``, in chunks ahead of the write
-  position (the chunk doubles with the space already reserved, from ``RESERVE_MIN_BYTES`` to
+- creates a segment sized (``ftruncate``, sparse) to its capacity.  How appended bytes reach
+  the page cache is the broker's ``[system] segmentWrites`` (:data:`WRITE_MODES`):
+
+  - ``pwrite`` (the default): ``write_at`` is one ``os.pwrite`` (repeated after a short write);
+  - ``mmap``: a writable segment is mapped with the stdlib :mod:`mmap` (shared, read/write)
+    and ``write_at`` is one slice assignment into the map (no memoryview of the map is ever
+    created, so the map can always be closed).
+
+  Both leave the same bytes in the same file, and recovery, reads and fsync are the same.
+  ``pwrite`` is the default because it measured about half the broker's CPU per stored message
+  (100-byte messages: 335-417 ns against 580-750 ns; ``docs/benchmarks.md``).  The first store
+  into a page of a shared map takes a page fault whose kernel path (``filemap_fault``, then the
+  filesystem's readpage) zero-fills the page before the copy overwrites it: ``perf`` put 46 %
+  of the broker's CPU in that ``memset``.  A ``pwrite`` copies once.  Kafka writes its log
+  this way, and RocketMQ's ``transientStorePoolEnable`` exists for the same reason;
+- **reserves space before a byte is written**: a store into a sparse page of a map that the
+  filesystem cannot back raises SIGBUS and kills the process, and a ``pwrite`` that runs out
+  of space halfway leaves part of a batch, so ``write_at`` first makes sure the range is
+  allocated with ``os.posix_fallocate``, in chunks ahead of the write position (the chunk
+  doubles with the space already reserved, from ``RESERVE_MIN_BYTES`` to
   ``RESERVE_MAX_BYTES``: an idle partition holds at most 64 KiB it has not written, a busy one
   4 MiB, and ``seal``/``close`` trim the rest; never the whole segment up front, which would
   allocate ``max_segment_size`` per partition).  ENOSPC/EDQUOT become
@@ -18,9 +31,9 @@ simulate a power loss.  The real implementation, :class:`MmapDisk`:
 - ``sync`` runs ``os.fdatasync`` on a ``dup`` of the descriptor (it covers pages written
   through a shared map on Linux, and measured cheaper than ``mmap.flush``); the dup keeps a
   concurrent ``close`` from invalidating the descriptor mid-call;
-- ``seal(size)`` drops the map and trims the file to ``size`` (after a roll, by the flusher,
-  and at clean close); ``grow(capacity)`` enlarges a mapped file and its map (an empty active
-  segment receiving a batch larger than it);
+- ``seal(size)`` drops the map (if any) and trims the file to ``size`` (after a roll, by the
+  flusher, and at clean close); ``grow(capacity)`` enlarges a writable file (and its map) to a
+  larger capacity (an empty active segment receiving a batch larger than it);
 - reads never touch the map: ``read_at`` is ``os.pread`` and ``dup_fd`` hands a private
   descriptor to a :class:`~pymetaq.storage.segment.FileRegion` (for ``sendfile``).
 
@@ -42,6 +55,8 @@ from pymetaq.storage.errors import DiskFull, ResourceExhausted
 
 log = logging.getLogger(__name__)
 
+#: ``[system] segmentWrites``: how appended bytes reach the page cache (the module doc)
+WRITE_MODES = ("pwrite", "mmap")
 RESERVE_MIN_BYTES = 64 << 10
 RESERVE_MAX_BYTES = 4 << 20
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -98,14 +113,18 @@ def fsync_dir(path: str) -> None:
 
 
 class MmapSegmentFile:
-    """A real segment file; mapped while writable."""
+    """A real segment file; writable when opened with a capacity (and then mapped if
+    ``mapped``: ``segmentWrites=mmap``)."""
 
-    def __init__(self, path: str, fd: int, capacity: int) -> None:
+    def __init__(self, path: str, fd: int, capacity: int, *, mapped: bool = False) -> None:
         self.path = path
         self._fd = fd
         self._lock = threading.Lock()
         self._closed = False
         self._map: mmap.mmap | None = None
+        self._mapped = mapped and capacity > 0
+        #: the file's size while it takes appends (0: opened read-only, or sealed)
+        self._capacity = capacity
         self._reserved = 0  # bytes from 0 known to be allocated (safe to store through the map)
         self._can_reserve = True
         if capacity > 0:
@@ -113,17 +132,31 @@ class MmapSegmentFile:
             self._reserved = min(size, capacity)
             if size < capacity:
                 os.ftruncate(fd, capacity)
-            self._map = mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if self._mapped:
+                self._map = _map(fd, capacity)
 
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
-        m = self._map
-        if m is None:
-            os.pwrite(self._fd, data, pos)
-            return
         end = pos + len(data)
-        if end > self._reserved:
-            self._reserve(end, len(m))
-        m[pos:end] = data
+        if end > self._reserved and self._capacity:
+            self._reserve(end, self._capacity)
+        m = self._map
+        if m is not None:
+            m[pos:end] = data
+            return
+        try:
+            done = os.pwrite(self._fd, data, pos)
+            if done < len(data):  # a short write: a signal, or a filesystem without fallocate
+                view = memoryview(data).cast("B")
+                while done < len(view):
+                    n = os.pwrite(self._fd, view[done:], pos + done)
+                    if n <= 0:
+                        raise DiskFull(f"{self.path}: nothing written at {pos + done}")
+                    done += n
+        except OSError as e:
+            err = transient_error(e, self.path)
+            if err is None:
+                raise
+            raise err from e
 
     def _reserve(self, end: int, capacity: int) -> None:
         """Allocate ``[reserved, end + chunk)`` before anything is stored there (no SIGBUS)."""
@@ -158,27 +191,34 @@ class MmapSegmentFile:
         if self._map is not None:
             self._map.close()
             self._map = None
+        self._capacity = 0
         os.ftruncate(self._fd, size)
 
     def truncate(self, size: int) -> None:
-        """Cut the file at ``size``; a mapped file is re-extended (zeros) to its capacity."""
-        if self._map is None:
+        """Cut the file at ``size``; a writable file is re-extended (zeros) to its capacity."""
+        if not self._capacity:
             os.ftruncate(self._fd, size)
             return
-        capacity = len(self._map)
-        self._map.close()
+        if self._map is not None:
+            self._map.close()
+            self._map = None
         os.ftruncate(self._fd, size)
-        os.ftruncate(self._fd, capacity)
+        os.ftruncate(self._fd, self._capacity)
         self._reserved = min(self._reserved, size)
-        self._map = mmap.mmap(self._fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        if self._mapped:
+            self._map = _map(self._fd, self._capacity)
 
     def grow(self, capacity: int) -> None:
-        """Enlarge a mapped file (and its map) to ``capacity`` bytes."""
-        if self._map is None or capacity <= len(self._map):
+        """Enlarge a writable file (and its map) to ``capacity`` bytes."""
+        if not self._capacity or capacity <= self._capacity:
             return
-        self._map.close()
+        if self._map is not None:
+            self._map.close()
+            self._map = None
         os.ftruncate(self._fd, capacity)
-        self._map = mmap.mmap(self._fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._capacity = capacity
+        if self._mapped:
+            self._map = _map(self._fd, capacity)
 
     def read_at(self, pos: int, n: int) -> bytes:
         return os.pread(self._fd, n, pos)
@@ -201,13 +241,23 @@ class MmapSegmentFile:
             os.close(self._fd)
 
 
+def _map(fd: int, capacity: int) -> mmap.mmap:
+    return mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
 class MmapDisk:
-    """The real disk: files under the OS, writable segments memory-mapped."""
+    """The real disk: files under the OS; appends by ``pwrite``, or with ``writes="mmap"``
+    through a shared map of each writable segment (``[system] segmentWrites``)."""
+
+    def __init__(self, writes: str = "pwrite") -> None:
+        if writes not in WRITE_MODES:
+            raise ValueError(f"segment writes must be {' or '.join(WRITE_MODES)}, not {writes!r}")
+        self.writes = writes
 
     def create(self, path: str, capacity: int) -> SegmentFile:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            return MmapSegmentFile(path, fd, capacity)
+            return MmapSegmentFile(path, fd, capacity, mapped=self.writes == "mmap")
         except BaseException:
             os.close(fd)
             raise
@@ -215,7 +265,8 @@ class MmapDisk:
     def open(self, path: str, *, writable: bool, capacity: int = 0) -> SegmentFile:
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:
-            return MmapSegmentFile(path, fd, capacity if writable else 0)
+            capacity = capacity if writable else 0
+            return MmapSegmentFile(path, fd, capacity, mapped=self.writes == "mmap")
         except BaseException:
             os.close(fd)
             raise

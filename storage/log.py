@@ -1,14 +1,16 @@
 """One partition's log: appends, durability, reads.
 
 A :class:`PartitionLog` is a list of :class:`~pymetaq.storage.segment.Segment` s; only the
-last is mutable (memory-mapped, preallocated to ``max_segment_size``).  Appends validate and
-stamp a whole batch in one pass, then copy it into the map with one slice assignment.
+last is mutable (sized to ``max_segment_size``, space reserved ahead of the writes).  Appends
+validate and stamp a whole batch in one pass, then write it with one ``pwrite`` (or one slice
+assignment into the segment's map with ``segmentWrites=mmap``; :mod:`pymetaq.storage.disk`).
 
 Rolling: when a batch does not fit in the active segment's remaining capacity, the appending
 thread only marks the active segment ``seal_pending`` (no more appends) and creates the next
-segment as ``<next offset>.meta.new`` (a sparse ``ftruncate`` and an ``mmap``: no I/O).  The
+segment as ``<next offset>.meta.new`` (a sparse ``ftruncate``, and an ``mmap`` in ``mmap``
+mode: no I/O).  The
 flusher then, in segment order and before it advances ``max_offset`` past them, seals each
-rolled segment (drops the map, trims the file to its written length, fdatasync) and renames
+rolled segment (drops any map, trims the file to its written length, fdatasync) and renames
 each new segment to its final name (then fsyncs the directory).  So a ``.meta`` file in the
 middle of a log is always trimmed.  A crash can leave ``.meta.new`` files; in threshold mode
 they may hold acknowledged messages, so recovery adopts each one that continues the log exactly

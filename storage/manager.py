@@ -98,7 +98,7 @@ class MessageStoreManager:
     ) -> None:
         self.config = config
         self._topic_config = topic_config
-        self._disk: Disk = disk or MmapDisk()
+        self._disk: Disk = disk or MmapDisk(config.segment_writes)
         self.ids = IdWorker(config.broker_id, id_clock) if id_clock else IdWorker(config.broker_id)
         self._flusher = Flusher()
         #: fsync latency, group-commit batches, retention (read by the broker's monitoring)

@@ -2,8 +2,9 @@
 
 Before the fix a segment was a sparse file written through a shared mmap: when the tmpfs
 filled up the broker died of SIGBUS.  Now space is reserved (``posix_fallocate``) before a
-byte is written into the map: a put that finds no space gets an error reply (never an ack),
-the broker keeps serving reads, and writes resume as soon as space is freed.  The low-disk
+byte is written, with either ``segmentWrites`` (``pwrite``, the default, or ``mmap``): a put
+that finds no space gets an error reply (never an ack), the broker keeps serving reads, and
+writes resume as soon as space is freed.  The low-disk
 threshold (``minFreeDiskBytes``) refuses puts before the disk is actually full.
 """
 
@@ -68,10 +69,13 @@ def free_bytes(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def test_enospc_is_an_error_reply_and_writes_resume(tmpfs: Path) -> None:
+@pytest.mark.parametrize("writes", ["pwrite", "mmap"])
+def test_enospc_is_an_error_reply_and_writes_resume(tmpfs: Path, writes: str) -> None:
     ballast = tmpfs / "ballast"
     ballast.write_bytes(b"\1" * (3 * MiB))
-    system = {"maxSegmentSize": MiB, "minFreeDiskBytes": 0}  # the ENOSPC path itself
+    # minFreeDiskBytes=0: the ENOSPC path itself; segmentWrites=mmap would die of SIGBUS
+    # without the reservation
+    system = {"maxSegmentSize": MiB, "minFreeDiskBytes": 0, "segmentWrites": writes}
     with (
         BrokerProcess.start(tmpfs, topics={"t": {}}, system=system) as broker,
         Wire(broker.address) as w,
@@ -79,6 +83,9 @@ def test_enospc_is_an_error_reply_and_writes_resume(tmpfs: Path) -> None:
         acked: dict[int, bytes] = {}
         refused = put_until_refused(w, acked, b"a", limit=200)
         assert refused.code == 500 and b"No space left on device" in refused.body, refused
+        # the configured write path is the one in use: only mmap maps the active segment
+        maps = Path(f"/proc/{broker.proc.pid}/maps").read_text()  # type: ignore[union-attr]
+        assert (".meta" in maps) == (writes == "mmap"), maps
         assert len(acked) > 1000
         for n in range(20):  # more puts: still refused, never a crash
             again = w.call(bput_frame("t", 0, [b"x" * 1000] * 64, 1000 + n))

@@ -65,13 +65,14 @@ def manager(
     interval_ms: int = 10000,
     segment: int = 1 << 20,
     start: bool = True,
+    writes: str = "pwrite",
     **kw: object,
 ) -> MessageStoreManager:
     cfg = TopicStoreConfig(
         num_partitions=4, unflush_threshold=threshold, unflush_interval_ms=interval_ms
     )
     m = MessageStoreManager(
-        StoreConfig(path, max_segment_size=segment),
+        StoreConfig(path, max_segment_size=segment, segment_writes=writes),
         lambda t: cfg,
         **kw,  # type: ignore[arg-type]
     )

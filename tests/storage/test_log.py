@@ -25,12 +25,18 @@ from tests.storage._helpers import batch, manager, read_all, segment_files, sett
 
 MODES = {"group": 0, "threshold": 3}
 SIZES = {"tiny": 256, "small": 4096, "big": 1 << 20}
+WRITES = ("pwrite", "mmap")  # [system] segmentWrites
 
 
-@pytest.fixture(params=[(m, s) for m in MODES for s in SIZES], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    params=[(m, s, w) for m in MODES for s in SIZES for w in WRITES],
+    ids=lambda p: "-".join(p),
+)
 def store(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
-    mode, size = request.param
-    m = manager(str(tmp_path), threshold=MODES[mode], interval_ms=20, segment=SIZES[size])
+    mode, size, writes = request.param
+    m = manager(
+        str(tmp_path), threshold=MODES[mode], interval_ms=20, segment=SIZES[size], writes=writes
+    )
     yield m
     m.close()
 
