@@ -12,6 +12,7 @@ on stderr (stdout without ``--json``); progress on stderr.
 
     .venv/bin/python bench/storage.py --seconds 3 --json
     .venv/bin/python bench/storage.py --seconds 3 --profile 100x1000   # cProfile one case
+    .venv/bin/python bench/storage.py --seconds 3 --segment-writes mmap   # the mapped path
 """
 
 from __future__ import annotations
@@ -47,10 +48,15 @@ def pct(sorted_vals: list[float], p: float) -> float:
 
 
 def run_store(
-    directory: str, buf: bytearray, batch: int, seconds: float, inflight: int
+    directory: str,
+    buf: bytearray,
+    batch: int,
+    seconds: float,
+    inflight: int,
+    writes: str = "pwrite",
 ) -> dict[str, float]:
     cfg = TopicStoreConfig(unflush_threshold=0)
-    m = MessageStoreManager(StoreConfig(directory), lambda t: cfg)
+    m = MessageStoreManager(StoreConfig(directory, segment_writes=writes), lambda t: cfg)
     m.open()
     m.start()
     plog = m.get_log("bench", 0)
@@ -115,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--cases", default=None, help="e.g. 100x1000,1024x100")
     ap.add_argument("--profile", default=None, help="cProfile this case, e.g. 100x1000")
+    ap.add_argument(
+        "--segment-writes",
+        choices=("pwrite", "mmap"),
+        default="pwrite",
+        help="how appends reach the segment file (the broker's [system] segmentWrites)",
+    )
     args = ap.parse_args(argv)
     cases = CASES
     if args.cases:
@@ -127,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             buf = build_batch(msg, b)
             prof = cProfile.Profile()
             prof.enable()
-            res = run_store(os.path.join(root, "p"), buf, b, args.seconds, args.inflight)
+            res = run_store(
+                os.path.join(root, "p"), buf, b, args.seconds, args.inflight, args.segment_writes
+            )
             prof.disable()
             print(json.dumps({"case": args.profile, **res}), file=sys.stderr)
             pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
@@ -140,7 +154,14 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             buf = build_batch(msg, b)
-            res = run_store(os.path.join(root, f"c{i}"), buf, b, args.seconds, args.inflight)
+            res = run_store(
+                os.path.join(root, f"c{i}"),
+                buf,
+                b,
+                args.seconds,
+                args.inflight,
+                args.segment_writes,
+            )
             print(" bound ...", file=sys.stderr, end="", flush=True)
             bound = run_bound(root, buf, b, args.seconds)
             print(" done", file=sys.stderr, flush=True)

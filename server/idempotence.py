@@ -101,6 +101,8 @@ class PartitionProducers:
         #: the newest entries in log order (an async slave asks for them by range)
         self._recent: collections.deque[ProducerEntry] = collections.deque(maxlen=RECENT)
         self._recent.extend(sorted(loaded, key=lambda e: e.offset))
+        # the file's fsync starts with the log's (storage.log's companion)
+        plog.companion = self.file
         #: entries ending at or before this are no longer all in ``_recent``
         self._recent_from = self._recent[0].offset if len(loaded) > RECENT else 0
         for entries in self._unchecked.values():
@@ -276,24 +278,27 @@ def next_piece(
 class IdemBatch:
     """One next batch on its way to storage: the hooks the append path calls."""
 
-    __slots__ = ("pid", "producers", "seq", "stored")
+    __slots__ = ("pid", "producers", "seq", "stored", "ticket")
 
     def __init__(self, producers: PartitionProducers, pid: str, seq: int) -> None:
         self.producers = producers
         self.pid = pid
         self.seq = seq
         self.stored: Stored | None = None
+        self.ticket: int | None = None  # the entry's place in producers.idem (its sync)
 
     def before_write(self, n: int) -> Callable[[int, int, int], None]:
         def hook(offset: int, first_id: int, count: int) -> None:
             self.stored = self.producers.record(self.pid, self.seq, offset, first_id, count, n)
+            self.ticket = self.producers.file.appended
 
         return hook
 
     def sync_file(self) -> None:
-        """Before the batch is acknowledged (group commit): its entry is durable too."""
+        """Before the batch is acknowledged (group commit): its entry is durable too (at
+        once when the fsync the log started alongside its own covered it)."""
         if self.producers.plog.group_commit:
-            self.producers.file.sync()
+            self.producers.file.sync(self.ticket)
 
     def acknowledged(self) -> list[tuple[Connection, int]]:
         """The batch is durable and answered: the duplicates that waited for its result."""

@@ -26,6 +26,13 @@ failed fdatasync (the kernel may have dropped the dirty pages) fails the log for
 The durable end is recorded in the partition's ``highwater`` file before readers can see it
 (:mod:`pymetaq.storage.highwater`), so offsets never go backwards.
 
+A *companion* (:attr:`PartitionLog.companion`, a file written with the log whose fsync an
+acknowledgement also waits for: the idempotent producers' ``producers.idem``) is fdatasync'ed
+on a helper thread at the same time as the log's segments, in group commit, so an
+acknowledgement waits for the slower fsync instead of the two in a row.  Its result is not the
+log's: whoever needs the companion durable still asks it (and gets the error if its fsync
+failed).
+
 Durability (per topic, :class:`~pymetaq.storage.config.TopicStoreConfig`):
 
 - group commit (``unflush_threshold <= 0``): ``on_durable`` fires from the flusher thread after
@@ -59,6 +66,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from pymetaq.storage.batch import count_records, stamp_batch
@@ -97,6 +105,26 @@ def _step(fn: Callable[..., None], *args: str, retry: frozenset[int]) -> None:
         raise
 
 
+class Companion(Protocol):
+    """A file synced alongside a log (see the module doc)."""
+
+    def pending(self) -> bool: ...
+    def sync(self) -> None: ...
+
+
+_companions: ThreadPoolExecutor | None = None
+_companions_lock = threading.Lock()
+
+
+def _companion_sync(companion: Companion) -> Future[None]:
+    """Start ``companion.sync()`` on the helper thread (made on first use)."""
+    global _companions
+    with _companions_lock:
+        if _companions is None:
+            _companions = ThreadPoolExecutor(2, thread_name_prefix="pymetaq-companion-sync")
+        return _companions.submit(companion.sync)
+
+
 class FlushScheduler(Protocol):
     def request(self, plog: PartitionLog) -> None: ...
     def retry_later(self, plog: PartitionLog) -> None: ...
@@ -125,6 +153,8 @@ class PartitionLog:
         self.config = config
         self._store, self._disk, self._ids, self._flusher = store, disk, ids, flusher
         self._high_water = high_water
+        #: a file whose fsync runs alongside this log's in group commit (the module doc)
+        self.companion: Companion | None = None
         self._space = space
         self._metrics = metrics
         self._lock = threading.Lock()
@@ -356,6 +386,10 @@ class PartitionLog:
             flushed = self._acked_unflushed
             count, before = self.message_count, self.max_offset
         started = time.perf_counter()
+        companion = self.companion
+        if companion is not None and waiters and self.group_commit and companion.pending():
+            # not waited for here: the waiters that need it wait for it (the module doc)
+            _companion_sync(companion)
         try:
             self._finish_segments(work)
         except _Retry as e:  # nothing is lost: the same work is retried shortly

@@ -21,7 +21,11 @@ the batch was stamped and *before* its bytes are copied into the segment (the lo
 ``before_write`` hook), so after a process crash the data of a batch is never on disk without
 its entry.  In group-commit mode the file is fdatasync'ed before the batch is acknowledged
 (:meth:`ProducerFile.sync`, from the durable callback; one fsync covers every entry written
-before it).
+before it).  The partition log starts that fsync at the same time as its own (the file is the
+log's *companion*, :class:`~pymetaq.storage.log.Companion`), so an acknowledgement waits for
+the slower of the two fsyncs rather than for both one after the other; the durable callback's
+:meth:`ProducerFile.sync` then finds its entry covered (its ticket, from :meth:`append`) and
+returns at once.
 
 **Recovery.** :meth:`ProducerFile.load` reads every entry whose CRC holds and cuts a torn tail.
 An entry says a batch *was written*, not that it survived: :func:`batch_intact` checks it
@@ -35,7 +39,9 @@ deleted by retention is kept (it was durable).
 remembered (write to ``producers.idem.new``, fdatasync, rename, fsync the directory).
 
 Thread-safety: ``append``, ``load`` and ``rewrite`` run on the broker's loop thread; ``sync``
-may run on the flusher thread.  One lock guards the descriptor and the counters.
+may run on any thread (the flusher, the companion sync's).  One lock guards the descriptor and
+the counters, and is not held during an fdatasync (which runs on a duplicate of the
+descriptor), so appends go on meanwhile; a second lock makes syncs one at a time.
 """
 
 from __future__ import annotations
@@ -104,9 +110,11 @@ class ProducerFile:
         self.directory = directory
         self.path = os.path.join(directory, FILE_NAME)
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one fdatasync at a time
         self._fd = -1
-        self._written = 0  # entries written through the current descriptor
-        self._synced = 0  # of those, covered by an fdatasync
+        #: entries appended since this object was made (never reset: tickets for :meth:`sync`)
+        self.appended = 0
+        self._durable = 0  # of those, the first this many are covered by an fdatasync
         self.size = 0  # bytes in the file
 
     def load(self) -> list[ProducerEntry]:
@@ -134,8 +142,8 @@ class ProducerFile:
             return []
         return decode_entries(raw)[0]
 
-    def append(self, entry: ProducerEntry) -> None:
-        """Write one entry (page cache; :meth:`sync` makes it durable)."""
+    def append(self, entry: ProducerEntry) -> int:
+        """Write one entry (page cache; :meth:`sync` makes it durable); returns its ticket."""
         data = entry.encode()
         with self._lock:
             if self._fd < 0:
@@ -143,17 +151,30 @@ class ProducerFile:
             view = memoryview(data)
             while view:
                 view = view[os.write(self._fd, view) :]
-            self._written += 1
+            self.appended += 1
             self.size += ENTRY_SIZE
+            return self.appended
 
-    def sync(self) -> None:
-        """fdatasync if an entry was written since the last one (any thread)."""
-        with self._lock:
-            if self._fd < 0 or self._synced >= self._written:
-                return
-            target = self._written
-            os.fdatasync(self._fd)
-            self._synced = target
+    def pending(self) -> bool:
+        """Is an entry written and not yet covered by an fdatasync?"""
+        return self._durable < self.appended
+
+    def sync(self, ticket: int | None = None) -> None:
+        """fdatasync unless the entries up to ``ticket`` (default: all written) are already
+        covered (any thread)."""
+        with self._sync_lock:
+            with self._lock:
+                target = self.appended if ticket is None else ticket
+                if self._fd < 0 or self._durable >= target:
+                    return
+                target = self.appended
+                fd = os.dup(self._fd)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            with self._lock:
+                self._durable = max(self._durable, target)
 
     def rewrite(self, entries: list[ProducerEntry]) -> None:
         """Replace the file by ``entries`` (atomically: a crash leaves the old or the new)."""
@@ -178,7 +199,7 @@ class ProducerFile:
             if self._fd >= 0:
                 os.close(self._fd)
             self._fd = fd
-            self._written = self._synced = 0
+            self._durable = self.appended  # the new file holds every live entry, synced
             self.size = len(data)
 
     def close(self) -> None:
