@@ -165,6 +165,8 @@ class MmapSegmentFile:
         start = self._reserved
         chunk = min(RESERVE_MAX_BYTES, max(RESERVE_MIN_BYTES, start))
         new = min(capacity, max(end, start + chunk))
+        if new <= start:  # nothing left to reserve below the capacity
+            return
         try:
             os.posix_fallocate(self._fd, start, new - start)
         except OSError as e:

@@ -125,6 +125,13 @@ def _companion_sync(companion: Companion) -> Future[None]:
         return _companions.submit(companion.sync)
 
 
+def _start_companion(companion: Companion) -> None:
+    try:
+        _companion_sync(companion)
+    except RuntimeError:  # the interpreter is shutting down: the waiters sync it themselves
+        pass
+
+
 class FlushScheduler(Protocol):
     def request(self, plog: PartitionLog) -> None: ...
     def retry_later(self, plog: PartitionLog) -> None: ...
@@ -389,7 +396,7 @@ class PartitionLog:
         companion = self.companion
         if companion is not None and waiters and self.group_commit and companion.pending():
             # not waited for here: the waiters that need it wait for it (the module doc)
-            _companion_sync(companion)
+            _start_companion(companion)
         try:
             self._finish_segments(work)
         except _Retry as e:  # nothing is lost: the same work is retried shortly

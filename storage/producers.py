@@ -168,7 +168,12 @@ class ProducerFile:
                 if self._fd < 0 or self._durable >= target:
                     return
                 target = self.appended
-                fd = os.dup(self._fd)
+                try:
+                    fd = os.dup(self._fd)
+                except OSError:  # no descriptor to spare: fsync under the lock, as before
+                    os.fdatasync(self._fd)
+                    self._durable = max(self._durable, target)
+                    return
             try:
                 os.fdatasync(fd)
             finally:

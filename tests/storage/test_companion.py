@@ -138,3 +138,28 @@ def test_no_companion_fsync_in_threshold_mode(tmp_path: Path) -> None:
         assert companion.threads == []
     finally:
         m.close()
+
+
+def test_without_a_spare_descriptor_the_file_is_still_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pfile = ProducerFile(str(tmp_path))
+    pfile.load()
+    ticket = pfile.append(_entry(0))
+
+    def no_fd(fd: int) -> int:
+        raise OSError(24, "Too many open files")
+
+    real = os.fdatasync
+    synced: list[int] = []
+
+    def counted(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "dup", no_fd)
+    monkeypatch.setattr(os, "fdatasync", counted)
+    pfile.sync(ticket)  # no error: the file's own descriptor is fsynced instead
+    assert len(synced) == 1 and not pfile.pending()
+    monkeypatch.undo()
+    pfile.close()

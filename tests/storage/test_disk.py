@@ -98,3 +98,19 @@ def test_a_pwrite_that_writes_nothing_is_disk_full(
 def test_an_unknown_write_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="segment writes must be pwrite or mmap, not 'mapped'"):
         MmapDisk("mapped")
+
+
+def test_a_pwrite_past_the_capacity_extends_the_file_and_keeps_reserving(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "p.meta"
+    f = MmapDisk("pwrite").create(str(path), 8192)
+    f.write_at(0, b"a" * 8192)
+    f.write_at(8192, b"b" * 100)  # nothing left to reserve below the capacity: no fallocate
+    f.grow(1 << 20)
+    f.write_at(8292, b"c" * 70000)
+    assert "cannot reserve space" not in caplog.text
+    assert f.read_at(8100, 200) == b"a" * 92 + b"b" * 100 + b"c" * 8
+    f.seal(8292 + 70000)
+    f.close()
+    assert path.stat().st_size == 8292 + 70000
