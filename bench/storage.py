@@ -29,6 +29,7 @@ import threading
 import time
 
 from pymetaq.storage import AppendResult, MessageStoreManager, StoreConfig, TopicStoreConfig
+from pymetaq.storage.config import WRITE_MODES
 from pymetaq.storage.record import encode_record
 
 CASES = [(100, 1), (100, 100), (100, 1000), (1024, 1), (1024, 100), (1024, 1000)]
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None, help="cProfile this case, e.g. 100x1000")
     ap.add_argument(
         "--segment-writes",
-        choices=("pwrite", "mmap"),
+        choices=WRITE_MODES,
         default="pwrite",
         help="how appends reach the segment file (the broker's [system] segmentWrites)",
     )

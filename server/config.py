@@ -113,7 +113,7 @@ from pymetaq.client.protocol.zk import check_group
 from pymetaq.server.errors import ConfigError
 from pymetaq.server.ini import IniEntry, IniSection, did_you_mean, eval_int, parse_bool, parse_ini
 from pymetaq.server.security.config import SecurityConfig, parse_security
-from pymetaq.storage.config import parse_delete_policy, parse_duration
+from pymetaq.storage.config import WRITE_MODES, parse_delete_policy, parse_duration
 from pymetaq.storage.cron import next_fire
 
 _CPUS = os.cpu_count() or 1
@@ -464,7 +464,7 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "maxBufferedBodyBytes": (lambda v: v >= 1 << 20, "must be >= 1048576 bytes"),
     "maxAutoCreatedPartitions": (lambda v: v >= 0, "must be >= 0"),
     "minFreeDiskBytes": (lambda v: v >= 0, "must be >= 0 bytes (0 = no reserve)"),
-    "segmentWrites": (lambda v: v in ("pwrite", "mmap"), "must be pwrite or mmap"),
+    "segmentWrites": (lambda v: v in WRITE_MODES, "must be " + " or ".join(WRITE_MODES)),
     "dashboardHttpPort": (lambda v: 0 <= v <= 65535, "must be 0..65535 (0 = off)"),
     "dashboardHttpHost": (
         lambda v: bool(v) and _host_error(v) is None,

@@ -60,6 +60,10 @@ class StoreConfig:
     segment_writes: str = "pwrite"
 
 
+#: the values of ``StoreConfig.segment_writes`` (``[system] segmentWrites``)
+WRITE_MODES = ("pwrite", "mmap")
+
+
 class RetentionKind(enum.Enum):
     DELETE = "delete"
     ARCHIVE = "archive"

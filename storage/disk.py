@@ -5,7 +5,7 @@ and the :class:`SegmentFile` objects it returns, so a test double can drop unsyn
 simulate a power loss.  The real implementation, :class:`MmapDisk`:
 
 - creates a segment sized (``ftruncate``, sparse) to its capacity.  How appended bytes reach
-  the page cache is the broker's ``[system] segmentWrites`` (:data:`WRITE_MODES`):
+  the page cache is the broker's ``[system] segmentWrites`` (:data:`~pymetaq.storage.config.WRITE_MODES`):
 
   - ``pwrite`` (the default): ``write_at`` is one ``os.pwrite`` (repeated after a short write);
   - ``mmap``: a writable segment is mapped with the stdlib :mod:`mmap` (shared, read/write)
@@ -51,12 +51,11 @@ import os
 import threading
 from typing import Protocol
 
+from pymetaq.storage.config import WRITE_MODES
 from pymetaq.storage.errors import DiskFull, ResourceExhausted
 
 log = logging.getLogger(__name__)
 
-#: ``[system] segmentWrites``: how appended bytes reach the page cache (the module doc)
-WRITE_MODES = ("pwrite", "mmap")
 RESERVE_MIN_BYTES = 64 << 10
 RESERVE_MAX_BYTES = 4 << 20
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -255,11 +254,12 @@ class MmapDisk:
         if writes not in WRITE_MODES:
             raise ValueError(f"segment writes must be {' or '.join(WRITE_MODES)}, not {writes!r}")
         self.writes = writes
+        self._mapped = writes == "mmap"
 
     def create(self, path: str, capacity: int) -> SegmentFile:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            return MmapSegmentFile(path, fd, capacity, mapped=self.writes == "mmap")
+            return MmapSegmentFile(path, fd, capacity, mapped=self._mapped)
         except BaseException:
             os.close(fd)
             raise
@@ -268,7 +268,7 @@ class MmapDisk:
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             capacity = capacity if writable else 0
-            return MmapSegmentFile(path, fd, capacity, mapped=self.writes == "mmap")
+            return MmapSegmentFile(path, fd, capacity, mapped=self._mapped)
         except BaseException:
             os.close(fd)
             raise

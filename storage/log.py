@@ -66,7 +66,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from pymetaq.storage.batch import count_records, stamp_batch
@@ -116,20 +116,16 @@ _companions: ThreadPoolExecutor | None = None
 _companions_lock = threading.Lock()
 
 
-def _companion_sync(companion: Companion) -> Future[None]:
+def _start_companion(companion: Companion) -> None:
     """Start ``companion.sync()`` on the helper thread (made on first use)."""
     global _companions
     with _companions_lock:
         if _companions is None:
             _companions = ThreadPoolExecutor(2, thread_name_prefix="pymetaq-companion-sync")
-        return _companions.submit(companion.sync)
-
-
-def _start_companion(companion: Companion) -> None:
-    try:
-        _companion_sync(companion)
-    except RuntimeError:  # the interpreter is shutting down: the waiters sync it themselves
-        pass
+        try:
+            _companions.submit(companion.sync)
+        except RuntimeError:  # the interpreter is shutting down: the waiters sync it themselves
+            pass
 
 
 class FlushScheduler(Protocol):

@@ -24,11 +24,8 @@ def _entry(seq: int) -> ProducerEntry:
     return ProducerEntry(PID, seq, 1, seq, seq * 100, 100)
 
 
-def test_a_ticket_already_covered_costs_no_fsync(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pfile = ProducerFile(str(tmp_path))
-    pfile.load()
+def _count_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The descriptors ``os.fdatasync`` is called with from now on (each still fsynced)."""
     real = os.fdatasync
     calls: list[int] = []
 
@@ -37,6 +34,15 @@ def test_a_ticket_already_covered_costs_no_fsync(
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", counted)
+    return calls
+
+
+def test_a_ticket_already_covered_costs_no_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pfile = ProducerFile(str(tmp_path))
+    pfile.load()
+    calls = _count_fsyncs(monkeypatch)
     first = pfile.append(_entry(0))
     second = pfile.append(_entry(1))
     assert (first, second) == (1, 2) and pfile.pending()
@@ -150,15 +156,8 @@ def test_without_a_spare_descriptor_the_file_is_still_fsynced(
     def no_fd(fd: int) -> int:
         raise OSError(24, "Too many open files")
 
-    real = os.fdatasync
-    synced: list[int] = []
-
-    def counted(fd: int) -> None:
-        synced.append(fd)
-        real(fd)
-
     monkeypatch.setattr(os, "dup", no_fd)
-    monkeypatch.setattr(os, "fdatasync", counted)
+    synced = _count_fsyncs(monkeypatch)
     pfile.sync(ticket)  # no error: the file's own descriptor is fsynced instead
     assert len(synced) == 1 and not pfile.pending()
     monkeypatch.undo()

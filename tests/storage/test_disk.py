@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pymetaq.storage.disk import WRITE_MODES, MmapDisk
+from pymetaq.storage.config import WRITE_MODES
+from pymetaq.storage.disk import MmapDisk
 from pymetaq.storage.errors import DiskFull
 
 
