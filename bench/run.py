@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--systems",
         default=",".join(DEFAULT),
-        help=f"comma list of {', '.join(NAMES)} (default: {','.join(DEFAULT)}; null = harness floor)",
+        help=f"comma list of {', '.join(NAMES)} (default: {','.join(DEFAULT)}; null = harness floor, fsync = disk floor for acks)",
     )
     p.add_argument("--cases", default=",".join(CASES), help="comma list (default: all)")
     p.add_argument("--sizes", default="100,1024", help="payload bytes, comma list")

@@ -1,5 +1,6 @@
 """The systems the suite knows, by name: ``pymetaq``, ``redis`` (Streams), ``nats`` (JetStream),
-``null`` (the harness floor, opt-in), ``pymetaq-nometrics`` (pymetaq with its HTTP port off,
+``null`` (the harness floor, opt-in), ``fsync`` (the disk floor for durable acks: ideal group
+commit in process, opt-in, ``ack_latency`` only), ``pymetaq-nometrics`` (pymetaq with its HTTP port off,
 opt-in: ``--systems pymetaq,pymetaq-nometrics`` measures what ``/metrics`` costs) and
 ``pymetaq-noidem`` (pymetaq's producers with ``idempotence=False``, opt-in: what the idempotent
 producer's exactly-once retries cost).
@@ -22,6 +23,7 @@ _MODULES = {
     "redis": ("bench.systems.redis_sys", "RedisSystem"),
     "nats": ("bench.systems.nats_sys", "NatsSystem"),
     "null": ("bench.systems.null_sys", "NullSystem"),
+    "fsync": ("bench.systems.fsync_sys", "FsyncSystem"),
 }
 
 NAMES = tuple(_MODULES)
