@@ -418,6 +418,7 @@ typedef struct {
     Py_ssize_t k, hi;
     int bounds_range;          /* bounds is a range: offset k is start + k * step */
     long long start, step;
+    PyObject *ahead;           /* bounds[k] when the last message built it as its next offset */
 } MessageIter;
 
 /* bounds[k] as a new reference */
@@ -435,7 +436,10 @@ message_iter_next(MessageIter *it)
     Py_ssize_t k = it->k;
     if (k >= it->hi)
         return NULL;
-    PyObject *offset = bound(it, k), *nxt = NULL, *id = NULL, *value = NULL;
+    /* a message's offset is the previous one's next offset: built once, shared */
+    PyObject *offset = it->ahead != NULL ? it->ahead : bound(it, k);
+    it->ahead = NULL;
+    PyObject *nxt = NULL, *id = NULL, *value = NULL;
     if (offset == NULL || (nxt = bound(it, k + 1)) == NULL ||
         (id = item(it->ids, k)) == NULL || (value = item(it->values, k)) == NULL)
         goto error;
@@ -452,6 +456,8 @@ message_iter_next(MessageIter *it)
     PyTuple_SET_ITEM(m, 7, Py_NewRef(it->broker));
     PyTuple_SET_ITEM(m, 8, Py_NewRef(Py_None));
     it->k = k + 1;
+    if (k + 1 < it->hi)
+        it->ahead = Py_NewRef(nxt);
     return m;
 error:
     Py_XDECREF(offset);
@@ -471,6 +477,7 @@ message_iter_traverse(MessageIter *it, visitproc visit, void *arg)
     Py_VISIT(it->bounds);
     Py_VISIT(it->ids);
     Py_VISIT(it->values);
+    Py_VISIT(it->ahead);
     return 0;
 }
 
@@ -484,6 +491,7 @@ message_iter_clear(MessageIter *it)
     Py_CLEAR(it->bounds);
     Py_CLEAR(it->ids);
     Py_CLEAR(it->values);
+    Py_CLEAR(it->ahead);
     return 0;
 }
 
@@ -557,6 +565,7 @@ speedups_messages(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     it->values = Py_NewRef(args[6]);
     it->k = lo;
     it->hi = hi;
+    it->ahead = NULL;
     it->bounds_range = 0;
     if (Py_IS_TYPE(args[4], &PyRange_Type)) { /* a run's bounds: computed, not indexed */
         PyObject *start = PyObject_GetAttrString(args[4], "start");

@@ -8,6 +8,7 @@ with ``PYMETAQ_NO_EXTENSIONS=1``.
 
 from __future__ import annotations
 
+import platform
 import random
 import zlib
 
@@ -41,6 +42,43 @@ def test_crc32_is_zlibs_and_crcmods(data: bytes, start: int) -> None:
     assert C.crc32(data) & 0x7FFFFFFF == checksum_reference(data)
     assert C.crc32(data, start) == zlib.crc32(data, start)
     assert C.crc32(memoryview(data)) == zlib.crc32(data)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return {w for line in f if line.startswith("flags") for w in line.split()[2:]}
+    except OSError:
+        return set()
+
+
+def test_crc32_folds_with_pclmul_where_the_cpu_has_it() -> None:
+    assert C is not None
+    flags = _cpu_flags()
+    if platform.machine() in ("x86_64", "AMD64") and {"pclmulqdq", "sse4_1"} <= flags:
+        assert C.CRC32_IMPL == "pclmul"
+    else:
+        assert C.CRC32_IMPL == "slicing-by-8"
+
+
+def test_crc32_is_zlibs_at_every_length_and_alignment() -> None:
+    """Every length to 1100 (the folding path starts at 64 bytes: 4 lanes, 16-byte steps, a
+    tail of up to 15 bytes by table) from unaligned starts, with random initial values."""
+    assert C is not None
+    rnd = random.Random(20261125)
+    print("seed 20261125")
+    data = rnd.randbytes(1200)
+    with memoryview(data) as mv:
+        for n in range(1101):
+            at = rnd.randrange(16)
+            start = rnd.getrandbits(32)
+            chunk = mv[at : at + n]
+            assert C.crc32(chunk, start) == zlib.crc32(chunk, start), (n, at)
+    for n in (4096, 65536 + 7, 1 << 20):
+        big = rnd.randbytes(n)
+        assert C.crc32(big) == zlib.crc32(big)
+        # a CRC continued over two pieces is the CRC of the whole
+        assert C.crc32(big[n // 3 :], C.crc32(big[: n // 3])) == zlib.crc32(big)
 
 
 @seed(20261125)
