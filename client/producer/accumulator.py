@@ -400,10 +400,13 @@ class Accumulator:
 
     # -- lanes: the lock-free per-message path (lanes.py) ---------------------------------
 
-    def lane_append(self, tp: TopicPartition, value: bytes, block_s: float | None) -> SendHandle:
+    def lane_append(
+        self, tp: TopicPartition, value: bytes, block_s: float | None, pinned: bool = False
+    ) -> SendHandle:
         """The lane path's locked step (no open lane for ``tp``, or it is full): absorb the full
-        lane, wait for buffer space, open the next lane with ``value``. A thread other than the
-        lanes' owner gets the locked :meth:`append`."""
+        lane, wait for buffer space, open the next lane with ``value`` (``pinned``: it was sent
+        with an explicit partition). A thread other than the lanes' owner gets the locked
+        :meth:`append`."""
         me = get_ident()
         with self._lock:
             if self.owner is None:
@@ -416,6 +419,7 @@ class Accumulator:
                 if self._buffered + size > self.buffer_bytes and self._buffered:
                     self._wait_for_space(size, block_s)
                 lane = self.lane_of[tp] = Lane(self, tp)
+                lane.pinned = pinned
                 lane.values.append(value)
                 lane.nbytes = len(value)
                 bid = tp.broker_id
@@ -428,7 +432,7 @@ class Accumulator:
             else:
                 handle = None
         if handle is None:
-            return self.append(tp, value, None, False, block_s)
+            return self.append(tp, value, None, False, block_s, pinned)
         if wake:
             self._wake()
         return handle
@@ -470,6 +474,7 @@ class Accumulator:
             if self.lane_of.get(lane.tp) is lane:
                 del self.lane_of[lane.tp]
         n = len(lane.values)
+        pinned = lane.pinned  # after len(values): the pin of a value read is seen
         start = lane.absorbed
         if n <= start:
             return
@@ -477,7 +482,7 @@ class Accumulator:
         parts, total = record_parts(items)
         self._buffered += total
         first = start
-        for sl in self._fill(lane.tp, parts, items, 2, 0, total, False):
+        for sl in self._fill(lane.tp, parts, items, 2, 0, total, pinned):
             start += lane.add_slice(start, sl)
         lane.absorbed = n
         # the batches hold the records now: drop the lane's references to the payloads (a

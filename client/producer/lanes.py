@@ -58,6 +58,7 @@ class Lane:
         "callbacks",
         "closed",
         "nbytes",
+        "pinned",
         "rels",
         "slices",
         "starts",
@@ -73,6 +74,10 @@ class Lane:
         #: set by the accumulator before it takes the values: an owner that appended and then
         #: sees it set calls ``Accumulator.attend`` (its value may have missed the snapshot)
         self.closed = False
+        #: a value sent with an explicit partition is in it: the batches it fills are pinned
+        #: (never re-routed). Set by the owner before it appends that value, read by the
+        #: accumulator after it has read ``len(values)``.
+        self.pinned = False
         self.absorbed = 0  # values[:absorbed] are in batches
         self.starts: list[int] = []  # lane index where each slice starts
         self.slices: list[BatchSlice] = []
@@ -151,8 +156,9 @@ def lane_sender(
     """The engine's ``send_async`` with the lane path in front (round robin producers).
 
     A closure: its constants are cell variables, not attribute lookups. A message without
-    key, partition, attribute or ``force``, of a known topic, from the owner thread, goes to
-    its partition's open lane; the first of a burst opens the lane (``lane_append``, locked);
+    key, attribute or ``force``, of a known topic, from the owner thread, goes to its
+    partition's open lane: the round robin's, or the one its ``partition`` index names (the
+    lane is then pinned); the first of a burst opens the lane (``lane_append``, locked);
     anything else is ``slow``, the engine's checked path.
     """
     acc = engine.acc
@@ -179,7 +185,6 @@ def lane_sender(
         if (
             type(value) is bytes
             and key is None
-            and partition is None
             and attribute is None
             and not force
             and not engine._divert
@@ -187,18 +192,31 @@ def lane_sender(
             parts = cached(topic)
             n = len(value)
             if parts is not None and n <= max_bytes:
-                tp = parts[rr() % len(parts)]
+                if partition is None:
+                    tp = parts[rr() % len(parts)]
+                    pin = False
+                elif type(partition) is int and 0 <= partition < len(parts):
+                    tp = parts[partition]  # an explicit index: pinned to it
+                    pin = True
+                else:  # a key string, a TopicPartition, or out of range: checked below
+                    return slow(topic, value, key, partition, attribute, force)
                 lane = lane_of.get(tp)
                 if lane is not None and get_ident() == acc.owner:
                     values = lane.values
                     i = len(values)
                     if i < cap and lane.nbytes < bcap:
+                        if pin and not lane.pinned:
+                            lane.pinned = True  # before the value (see Lane.pinned)
                         values.append(value)
                         lane.nbytes += n
                         if lane.closed:  # absorbed meanwhile: file this one too
                             acc.attend(lane)
                         return LaneHandle((lane, i))
-                return lane_append(tp, value, block_s)
+                return (
+                    lane_append(tp, value, block_s, True)
+                    if pin
+                    else lane_append(tp, value, block_s)
+                )
         return slow(topic, value, key, partition, attribute, force)
 
     if speedups is None:

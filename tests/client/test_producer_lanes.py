@@ -21,7 +21,13 @@ from functools import partial
 
 import pytest
 
-from pymetaq.client import AsyncProducer, Producer, RequestTimeout, SendHandle
+from pymetaq.client import (
+    AsyncProducer,
+    Producer,
+    RequestTimeout,
+    SendHandle,
+    UnknownTopicOrPartition,
+)
 from pymetaq.client.producer.lanes import LaneHandle
 from pymetaq.client.types import SendResult
 from tests._broker import BrokerProcess
@@ -193,3 +199,32 @@ def test_kept_handles_hold_no_payload(url: str) -> None:
         offsets = [h.result(0).offset for h in handles]
         assert sys.getrefcount(value) == base
     assert offsets == [i * 5020 for i in range(300)]
+
+
+def test_explicit_partition_sends_take_the_lane_and_pin_their_batches(
+    broker: BrokerProcess, url: str, seed: int
+) -> None:
+    """``send_async(topic, v, partition=i)`` goes through the lane like a round-robin send
+    (order and positions hold when the two mix) and pins the batches it fills (a failed one
+    is never re-routed); a lane that only ever held round-robin values stays unpinned."""
+    rng = random.Random(seed)
+    topic, free = _topic(), _topic()
+    sent: list[tuple[bytes, SendHandle]] = []
+    with Producer(url, linger_ms=5, batch_messages=rng.choice([7, 100, 1000])) as p:
+        p.partitions(topic)
+        p.partitions(free)
+        for i in range(3000):
+            v = b"%d:" % i + b"y" * rng.randrange(0, 100)
+            pin = rng.random() < 0.5
+            sent.append((v, p.send_async(topic, v, partition=0) if pin else p.send_async(topic, v)))
+        pinned = p.send_async(topic, b"pinned", partition=0)
+        unpinned = p.send_async(free, b"free")
+        assert isinstance(pinned, LaneHandle) and isinstance(unpinned, LaneHandle)
+        assert pinned._where()[0].pinned and not unpinned._where()[0].pinned
+        sent.append((b"pinned", pinned))
+        with pytest.raises(UnknownTopicOrPartition, match="index 1 is out of range"):
+            p.send_async(topic, b"nowhere", partition=1)  # still checked, on the slow path
+        assert p.flush(60)
+        done = [(v, h.result(0)) for v, h in sent]
+    assert sum(1 for _, h in sent if isinstance(h, LaneHandle)) > 2500, "the lane path ran"
+    _check_positions(broker, topic, done)

@@ -82,9 +82,10 @@ class _World:
             _divert=False,
         )
 
-    def lane_append(self, tp: TopicPartition, value: bytes, block_s: float) -> Any:
-        self.calls.append(("lane_append", tp, value, block_s))
+    def lane_append(self, tp: TopicPartition, value: bytes, block_s: float, *pinned: bool) -> Any:
+        self.calls.append(("lane_append", tp, value, block_s, *pinned))
         lane = self.lane_of[tp] = Lane(self.acc, tp)  # type: ignore[arg-type]
+        lane.pinned = bool(pinned and pinned[0])
         lane.values.append(value)
         lane.nbytes = len(value)
         return LaneHandle((lane, 0))
@@ -124,8 +125,9 @@ def _run(world: _World, send: Any, ops: list[tuple[Any, ...]]) -> list[Any]:
         if kind == "send":
             h = send(op[1], bytes(op[2]))
             out.append(h if h == "slow" else (type(h).__name__, h[0].tp, h[1]))
-        elif kind == "kw":
-            out.append(send("a", b"v", **{op[1]: 1}))
+        elif kind == "kw":  # partition=1 takes the closure's lane path, the others slow()
+            h = send("a", b"v", **{op[1]: 1})
+            out.append(h if h == "slow" else (type(h).__name__, h[0].tp, h[1]))
         elif kind == "str":
             out.append(send("a", "text"))
         elif kind == "divert":
@@ -137,7 +139,9 @@ def _run(world: _World, send: Any, ops: list[tuple[Any, ...]]) -> list[Any]:
                 lane.closed = True  # the accumulator's absorb: closed, then dropped
                 if kind == "absorb":
                     del world.lane_of[tp]
-    lanes_now = {tp: (list(lane.values), lane.nbytes) for tp, lane in world.lane_of.items()}
+    lanes_now = {
+        tp: (list(lane.values), lane.nbytes, lane.pinned) for tp, lane in world.lane_of.items()
+    }
     return [out, world.calls, lanes_now, next(world.counter)]
 
 
