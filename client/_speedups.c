@@ -7,8 +7,9 @@
  *   LaneSender(python_send, engine, cache, counter, lane_of, acc, max_bytes, cap, bcap,
  *              lane_append, block_s, handle_type, lane_type)
  *       A callable with send_async's signature. send_async(topic, value) with exactly two
- *       positional arguments runs lanes.lane_sender's fast path here; any other call (a key,
- *       a partition, an attribute, force, keywords) goes to python_send, the Python closure,
+ *       positional arguments, or with partition=<int> as the only keyword, runs
+ *       lanes.lane_sender's fast path here; any other call (a key, a positional partition,
+ *       an attribute, force, other keywords) goes to python_send, the Python closure,
  *       unchanged. The fast path only reads what the closure reads and calls what it calls
  *       (rr, acc.attend, lane_append), in the same order, holding the GIL throughout.
  *
@@ -28,6 +29,7 @@
 /* ---------------------------------------------------------------- LaneSender */
 
 static PyObject *str_divert, *str_owner, *str_values, *str_nbytes, *str_closed, *str_attend;
+static PyObject *str_pinned, *str_partition;
 
 typedef struct {
     PyObject_HEAD
@@ -43,7 +45,7 @@ typedef struct {
     PyObject *block_s;
     PyTypeObject *handle_type; /* LaneHandle: a tuple subclass */
     PyTypeObject *lane_type;   /* Lane, whose slots are read at their offsets */
-    Py_ssize_t off_values, off_nbytes, off_closed; /* Lane's slot offsets, 0: GetAttr */
+    Py_ssize_t off_values, off_nbytes, off_closed, off_pinned; /* Lane's slots, 0: GetAttr */
     unsigned long owner;       /* acc.owner once set (it never changes after) */
     int owner_known;
 } LaneSender;
@@ -130,7 +132,7 @@ is_owner(LaneSender *self)
 
 /* the fast path, from after the round robin step: append to tp's lane or lane_append */
 static PyObject *
-lane_send(LaneSender *self, PyObject *tp, PyObject *value, Py_ssize_t n)
+lane_send(LaneSender *self, PyObject *tp, PyObject *value, Py_ssize_t n, int pin)
 {
     PyObject *lane = PyDict_GetItemWithError(self->lane_of, tp); /* borrowed */
     if (lane == NULL && PyErr_Occurred())
@@ -162,6 +164,20 @@ lane_send(LaneSender *self, PyObject *tp, PyObject *value, Py_ssize_t n)
                 goto error;
             }
             if (i < self->cap && nbytes < self->bcap) {
+                if (pin) { /* pinned before the value is appended (see Lane.pinned) */
+                    PyObject *was = lane_get(self, lane, self->off_pinned, str_pinned);
+                    if (was == NULL) {
+                        Py_DECREF(values);
+                        goto error;
+                    }
+                    int set = was == Py_True ? 1 : PyObject_IsTrue(was);
+                    Py_DECREF(was);
+                    if (set < 0 ||
+                        (!set && lane_set(self, lane, self->off_pinned, str_pinned, Py_True) < 0)) {
+                        Py_DECREF(values);
+                        goto error;
+                    }
+                }
                 int rc = PyList_Append(values, value);
                 Py_DECREF(values);
                 if (rc < 0)
@@ -194,8 +210,8 @@ lane_send(LaneSender *self, PyObject *tp, PyObject *value, Py_ssize_t n)
         }
         Py_DECREF(lane);
     }
-    PyObject *args[3] = {tp, value, self->block_s};
-    return PyObject_Vectorcall(self->lane_append, args, 3, NULL);
+    PyObject *args[4] = {tp, value, self->block_s, Py_True};
+    return PyObject_Vectorcall(self->lane_append, args, pin ? 4 : 3, NULL);
 error:
     Py_DECREF(lane);
     return NULL;
@@ -206,7 +222,17 @@ lane_sender_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *k
 {
     LaneSender *self = (LaneSender *)op;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs != 2 || kwnames != NULL || !PyBytes_CheckExact(args[1]))
+    /* (topic, value), or (topic, value, partition=<int>): anything else is the closure's */
+    PyObject *partition = NULL;
+    if (kwnames != NULL) {
+        if (PyTuple_GET_SIZE(kwnames) != 1 || nargs != 2 ||
+            (PyTuple_GET_ITEM(kwnames, 0) != str_partition &&
+             PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), str_partition) != 0) ||
+            !PyLong_CheckExact(args[2]))
+            return PyObject_Vectorcall(self->python_send, args, nargsf, kwnames);
+        partition = args[2];
+    }
+    if (nargs != 2 || !PyBytes_CheckExact(args[1]))
         return PyObject_Vectorcall(self->python_send, args, nargsf, kwnames);
     PyObject *topic = args[0], *value = args[1];
     PyObject *divert = PyObject_GetAttr(self->engine, str_divert);
@@ -225,6 +251,18 @@ lane_sender_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *k
     if (parts == NULL || n > self->max_bytes || !PyList_CheckExact(parts) ||
         PyList_GET_SIZE(parts) == 0)
         return PyObject_Vectorcall(self->python_send, args, nargsf, kwnames);
+    if (partition != NULL) { /* an explicit index in range: that partition's lane, pinned */
+        int overflow = 0;
+        long long want = PyLong_AsLongLongAndOverflow(partition, &overflow);
+        if (want == -1 && PyErr_Occurred())
+            return NULL;
+        if (overflow || want < 0 || want >= (long long)PyList_GET_SIZE(parts))
+            return PyObject_Vectorcall(self->python_send, args, nargsf, kwnames);
+        PyObject *tp = Py_NewRef(PyList_GET_ITEM(parts, (Py_ssize_t)want));
+        PyObject *out = lane_send(self, tp, value, n, 1);
+        Py_DECREF(tp);
+        return out;
+    }
     Py_INCREF(parts); /* the cache may swap the list while rr runs */
     PyObject *count = Py_TYPE(self->rr)->tp_iternext(self->rr);
     if (count == NULL && !PyErr_Occurred())
@@ -253,7 +291,7 @@ lane_sender_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *k
     PyObject *tp = PyList_GET_ITEM(parts, k);
     Py_INCREF(tp);
     Py_DECREF(parts);
-    PyObject *out = lane_send(self, tp, value, n);
+    PyObject *out = lane_send(self, tp, value, n, 0);
     Py_DECREF(tp);
     return out;
 }
@@ -298,6 +336,7 @@ lane_sender_init(LaneSender *self, PyObject *args, PyObject *kwds)
     self->off_values = slot_offset((PyTypeObject *)lane_type, "values");
     self->off_nbytes = slot_offset((PyTypeObject *)lane_type, "nbytes");
     self->off_closed = slot_offset((PyTypeObject *)lane_type, "closed");
+    self->off_pinned = slot_offset((PyTypeObject *)lane_type, "pinned");
     self->owner_known = 0;
     self->max_bytes = max_bytes;
     self->cap = cap;
@@ -620,6 +659,8 @@ PyInit__speedups(void)
     INTERN(str_nbytes, "nbytes");
     INTERN(str_closed, "closed");
     INTERN(str_attend, "attend");
+    INTERN(str_pinned, "pinned");
+    INTERN(str_partition, "partition");
 #undef INTERN
     if (PyType_Ready(&LaneSenderType) < 0 || PyType_Ready(&MessageIterType) < 0)
         return NULL;

@@ -109,6 +109,11 @@ _OPS = st.lists(
     st.one_of(
         st.tuples(st.just("send"), st.sampled_from(["a", "b", "none"]), st.integers(0, 80)),
         st.tuples(st.just("kw"), st.sampled_from(["key", "partition", "attribute", "force"])),
+        st.tuples(
+            st.just("part"),
+            st.sampled_from(["a", "b", "none"]),
+            st.sampled_from([0, 1, 2, 3, -1, True, "0-1", 2**70, None]),
+        ),
         st.tuples(st.just("str"), st.just("a"), st.just(0)),
         st.tuples(st.just("divert"), st.booleans(), st.just(0)),
         st.tuples(st.just("close"), st.sampled_from(["a", "b"]), st.just(0)),
@@ -127,6 +132,9 @@ def _run(world: _World, send: Any, ops: list[tuple[Any, ...]]) -> list[Any]:
             out.append(h if h == "slow" else (type(h).__name__, h[0].tp, h[1]))
         elif kind == "kw":  # partition=1 takes the closure's lane path, the others slow()
             h = send("a", b"v", **{op[1]: 1})
+            out.append(h if h == "slow" else (type(h).__name__, h[0].tp, h[1]))
+        elif kind == "part":  # an explicit partition: an int index in range takes the lane
+            h = send(op[1], b"p", partition=op[2])
             out.append(h if h == "slow" else (type(h).__name__, h[0].tp, h[1]))
         elif kind == "str":
             out.append(send("a", "text"))
