@@ -41,7 +41,7 @@ typedef struct {
     PyObject *lane_of;     /* partition -> open lane (a dict) */
     PyObject *acc;         /* the accumulator: .owner, .attend(lane) */
     Py_ssize_t max_bytes, cap, bcap;
-    PyObject *lane_append; /* acc.lane_append(tp, value, block_s) */
+    PyObject *lane_append; /* acc.lane_append(tp, value, block_s, pinned) */
     PyObject *block_s;
     PyTypeObject *handle_type; /* LaneHandle: a tuple subclass */
     PyTypeObject *lane_type;   /* Lane, whose slots are read at their offsets */
@@ -210,8 +210,8 @@ lane_send(LaneSender *self, PyObject *tp, PyObject *value, Py_ssize_t n, int pin
         }
         Py_DECREF(lane);
     }
-    PyObject *args[4] = {tp, value, self->block_s, Py_True};
-    return PyObject_Vectorcall(self->lane_append, args, pin ? 4 : 3, NULL);
+    PyObject *args[4] = {tp, value, self->block_s, pin ? Py_True : Py_False};
+    return PyObject_Vectorcall(self->lane_append, args, 4, NULL);
 error:
     Py_DECREF(lane);
     return NULL;

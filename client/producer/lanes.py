@@ -212,11 +212,7 @@ def lane_sender(
                         if lane.closed:  # absorbed meanwhile: file this one too
                             acc.attend(lane)
                         return LaneHandle((lane, i))
-                return (
-                    lane_append(tp, value, block_s, True)
-                    if pin
-                    else lane_append(tp, value, block_s)
-                )
+                return lane_append(tp, value, block_s, pin)
         return slow(topic, value, key, partition, attribute, force)
 
     if speedups is None:

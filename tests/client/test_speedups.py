@@ -82,10 +82,10 @@ class _World:
             _divert=False,
         )
 
-    def lane_append(self, tp: TopicPartition, value: bytes, block_s: float, *pinned: bool) -> Any:
-        self.calls.append(("lane_append", tp, value, block_s, *pinned))
+    def lane_append(self, tp: TopicPartition, value: bytes, block_s: float, pinned: bool) -> Any:
+        self.calls.append(("lane_append", tp, value, block_s, pinned))
         lane = self.lane_of[tp] = Lane(self.acc, tp)  # type: ignore[arg-type]
-        lane.pinned = bool(pinned and pinned[0])
+        lane.pinned = pinned
         lane.values.append(value)
         lane.nbytes = len(value)
         return LaneHandle((lane, 0))
@@ -193,7 +193,7 @@ def test_lane_sender_forwards_every_other_signature_unchanged(
     # keywords go to the closure, which takes the lane path itself
     h = send(topic="a", value=b"x")
     assert isinstance(h, LaneHandle) and h[1] == 0
-    assert world.calls[-1] == ("lane_append", TopicPartition("a", 0, 1), b"x", 1.5)
+    assert world.calls[-1] == ("lane_append", TopicPartition("a", 0, 1), b"x", 1.5, False)
     with pytest.raises(TypeError):
         send()
 
