@@ -14,6 +14,7 @@ import os
 import random
 import sys
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -127,9 +128,14 @@ def test_results_asked_from_another_thread_while_the_owner_appends(
         asker = threading.Thread(target=ask)
         asker.start()
         try:
-            for i in range(10_000):
+            # at least 10,000, and on until the asker has had an answer while the owner
+            # appends (a fast owner can finish first: the asker then asked nothing)
+            deadline = time.monotonic() + 60
+            i = 0
+            while i < 10_000 or (not asked and time.monotonic() < deadline):
                 v = b"m%d" % i
                 handles.append((v, p.send_async(topic, v)))
+                i += 1
         finally:
             stop.set()
             asker.join(60)
