@@ -17,6 +17,14 @@
  *       The Message of each plain record lo..hi of a fetched batch, built directly (one
  *       allocation each). Python: consumer.batch.MessageBatch.__iter__'s map over zip.
  *
+ *   record_messages(cls, topic, partition, broker_id, buf, positions, base, lo, hi) -> iterator
+ *   record_values(buf, positions, lo, hi) -> list
+ *       The same over a reply kept whole (consumer.batch.RecordBatch): record k of buf spans
+ *       positions[k]..positions[k + 1] (native int64s, from storage's index_records), its id
+ *       is the header's bytes 8..15 and its payload the bytes after the 20-byte header; its
+ *       offset is base + positions[k]. The payload is copied out when the message is built,
+ *       by the thread that asks for it. Python: RecordBatch._make, _values.
+ *
  * Thread-safety: the GIL is held throughout; nothing here keeps state between calls except
  * the LaneSender's references (set once).
  */
@@ -25,6 +33,8 @@
 #include <structmember.h>
 #include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 /* ---------------------------------------------------------------- LaneSender */
 
@@ -449,15 +459,90 @@ item(PyObject *seq, Py_ssize_t i)
     return NULL;
 }
 
+/* A reply kept whole: record k spans buf[pos[k]:pos[k + 1]], at offset base + pos[k]. */
+typedef struct {
+    const char *buf;
+    Py_ssize_t len;
+    const char *pos; /* native int64s */
+    long long base;
+} Records;
+
+/* check buf, positions, base (NULL: 0) and lo..hi (hi + 1 positions must exist) */
+static int
+records_init(Records *r, PyObject *buf, PyObject *positions, PyObject *base, Py_ssize_t lo,
+             Py_ssize_t hi, const char *who)
+{
+    if (!PyBytes_CheckExact(buf) || !PyBytes_CheckExact(positions)) {
+        PyErr_Format(PyExc_TypeError, "%s(): buf and positions must be bytes", who);
+        return -1;
+    }
+    r->buf = PyBytes_AS_STRING(buf);
+    r->len = PyBytes_GET_SIZE(buf);
+    r->pos = PyBytes_AS_STRING(positions);
+    r->base = 0;
+    if (base != NULL) {
+        r->base = PyLong_AsLongLong(base);
+        if (r->base == -1 && PyErr_Occurred())
+            return -1;
+        if (r->base < 0 || r->base > LLONG_MAX - r->len) {
+            PyErr_Format(PyExc_ValueError, "%s(): base out of range", who);
+            return -1;
+        }
+    }
+    if (lo < 0 || hi < lo || PyBytes_GET_SIZE(positions) / 8 <= hi) {
+        PyErr_Format(PyExc_ValueError, "%s(): need 0 <= lo <= hi < len(positions)", who);
+        return -1;
+    }
+    return 0;
+}
+
+/* record k's start p and end q: 0, or -1 with ValueError when they are not a record of buf */
+static inline int
+record_span(const Records *r, Py_ssize_t k, long long *p, long long *q)
+{
+    int64_t a, b;
+    memcpy(&a, r->pos + 8 * k, 8);
+    memcpy(&b, r->pos + 8 * (k + 1), 8);
+    if (a < 0 || b > r->len || b - a < 20) {
+        PyErr_Format(PyExc_ValueError, "positions %zd..%zd are not a record of buf", k, k + 1);
+        return -1;
+    }
+    *p = a;
+    *q = b;
+    return 0;
+}
+
+/* the payload: the bytes after the 20-byte header */
+static inline PyObject *
+record_value(const Records *r, long long p, long long q)
+{
+    return PyBytes_FromStringAndSize(r->buf + p + 20, (Py_ssize_t)(q - p - 20));
+}
+
+/* the id: the header's bytes 8..15, big-endian, signed */
+static inline PyObject *
+record_id(const Records *r, long long p)
+{
+    const unsigned char *h = (const unsigned char *)r->buf + p + 8;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | h[i];
+    return PyLong_FromLongLong((long long)v);
+}
+
+/* The messages of records lo..hi, from one of two sources: columns (messages()) or a reply
+ * kept whole (record_messages(): buf is set). */
 typedef struct {
     PyObject_HEAD
     PyTypeObject *cls; /* Message: a tuple subclass of 9 fields */
     PyObject *topic, *partition, *broker;
-    PyObject *bounds, *ids, *values; /* sequences: record starts (+ the end), ids, payloads */
+    PyObject *bounds, *ids, *values; /* columns: record starts (+ the end), ids, payloads */
+    PyObject *buf, *positions;       /* or a reply: kept alive for rec's pointers */
+    Records rec;
     Py_ssize_t k, hi;
     int bounds_range;          /* bounds is a range: offset k is start + k * step */
     long long start, step;
-    PyObject *ahead;           /* bounds[k] when the last message built it as its next offset */
+    PyObject *ahead;           /* offset k when the last message built it as its next offset */
 } MessageIter;
 
 /* bounds[k] as a new reference */
@@ -469,6 +554,29 @@ bound(MessageIter *it, Py_ssize_t k)
     return item(it->bounds, k);
 }
 
+/* record k's offset (unless it is ahead), next offset, id and payload, as new references */
+static int
+message_fields(MessageIter *it, Py_ssize_t k, PyObject **offset, PyObject **nxt, PyObject **id,
+               PyObject **value)
+{
+    if (it->buf != NULL) {
+        long long p, q;
+        if (record_span(&it->rec, k, &p, &q) < 0 ||
+            (*offset == NULL && (*offset = PyLong_FromLongLong(it->rec.base + p)) == NULL))
+            return -1;
+        return (*nxt = PyLong_FromLongLong(it->rec.base + q)) == NULL ||
+                       (*id = record_id(&it->rec, p)) == NULL ||
+                       (*value = record_value(&it->rec, p, q)) == NULL
+                   ? -1
+                   : 0;
+    }
+    return (*offset == NULL && (*offset = bound(it, k)) == NULL) ||
+                   (*nxt = bound(it, k + 1)) == NULL || (*id = item(it->ids, k)) == NULL ||
+                   (*value = item(it->values, k)) == NULL
+               ? -1
+               : 0;
+}
+
 static PyObject *
 message_iter_next(MessageIter *it)
 {
@@ -476,11 +584,9 @@ message_iter_next(MessageIter *it)
     if (k >= it->hi)
         return NULL;
     /* a message's offset is the previous one's next offset: built once, shared */
-    PyObject *offset = it->ahead != NULL ? it->ahead : bound(it, k);
+    PyObject *offset = it->ahead, *nxt = NULL, *id = NULL, *value = NULL;
     it->ahead = NULL;
-    PyObject *nxt = NULL, *id = NULL, *value = NULL;
-    if (offset == NULL || (nxt = bound(it, k + 1)) == NULL ||
-        (id = item(it->ids, k)) == NULL || (value = item(it->values, k)) == NULL)
+    if (message_fields(it, k, &offset, &nxt, &id, &value) < 0)
         goto error;
     PyObject *m = it->cls->tp_alloc(it->cls, 9);
     if (m == NULL)
@@ -516,6 +622,8 @@ message_iter_traverse(MessageIter *it, visitproc visit, void *arg)
     Py_VISIT(it->bounds);
     Py_VISIT(it->ids);
     Py_VISIT(it->values);
+    Py_VISIT(it->buf);
+    Py_VISIT(it->positions);
     Py_VISIT(it->ahead);
     return 0;
 }
@@ -523,6 +631,7 @@ message_iter_traverse(MessageIter *it, visitproc visit, void *arg)
 static int
 message_iter_clear(MessageIter *it)
 {
+    it->hi = 0; /* an iterator cleared by the GC must not read its sources again */
     Py_CLEAR(it->cls);
     Py_CLEAR(it->topic);
     Py_CLEAR(it->partition);
@@ -530,6 +639,8 @@ message_iter_clear(MessageIter *it)
     Py_CLEAR(it->bounds);
     Py_CLEAR(it->ids);
     Py_CLEAR(it->values);
+    Py_CLEAR(it->buf);
+    Py_CLEAR(it->positions);
     Py_CLEAR(it->ahead);
     return 0;
 }
@@ -556,7 +667,7 @@ static PyMethodDef message_iter_methods[] = {
 static PyTypeObject MessageIterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pymetaq.client._speedups.MessageIter",
-    .tp_doc = "the messages of a batch's records lo..hi (see messages())",
+    .tp_doc = "the messages of a batch's records lo..hi (see messages(), record_messages())",
     .tp_basicsize = sizeof(MessageIter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_iter = PyObject_SelfIter,
@@ -566,6 +677,40 @@ static PyTypeObject MessageIterType = {
     .tp_dealloc = (destructor)message_iter_dealloc,
     .tp_methods = message_iter_methods,
 };
+
+static int
+lo_hi(PyObject *lo_obj, PyObject *hi_obj, Py_ssize_t *lo, Py_ssize_t *hi)
+{
+    *lo = PyLong_AsSsize_t(lo_obj);
+    if (*lo == -1 && PyErr_Occurred())
+        return -1;
+    *hi = PyLong_AsSsize_t(hi_obj);
+    if (*hi == -1 && PyErr_Occurred())
+        return -1;
+    return 0;
+}
+
+/* a new iterator over records lo..hi with the Message fields of args[0..3], no source yet */
+static MessageIter *
+message_iter_new(PyObject *const *args, Py_ssize_t lo, Py_ssize_t hi, const char *who)
+{
+    if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
+        PyErr_Format(PyExc_TypeError, "%s(): cls must subclass tuple", who);
+        return NULL;
+    }
+    MessageIter *it = PyObject_GC_New(MessageIter, &MessageIterType);
+    if (it == NULL)
+        return NULL;
+    it->cls = (PyTypeObject *)Py_NewRef(args[0]);
+    it->topic = Py_NewRef(args[1]);
+    it->partition = Py_NewRef(args[2]);
+    it->broker = Py_NewRef(args[3]);
+    it->bounds = it->ids = it->values = it->buf = it->positions = it->ahead = NULL;
+    it->k = lo;
+    it->hi = hi;
+    it->bounds_range = 0;
+    return it;
+}
 
 /* messages(cls, topic, partition, broker_id, bounds, ids, values, lo, hi) -> iterator of
  * cls(topic, partition, bounds[k], ids[k], values[k], None, bounds[k + 1], broker_id, None)
@@ -578,34 +723,19 @@ speedups_messages(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "messages(cls, topic, partition, broker_id, bounds, ids, values, lo, hi)");
         return NULL;
     }
-    if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "messages(): cls must subclass tuple");
-        return NULL;
-    }
-    Py_ssize_t lo = PyLong_AsSsize_t(args[7]), hi;
-    if (lo == -1 && PyErr_Occurred())
-        return NULL;
-    hi = PyLong_AsSsize_t(args[8]);
-    if (hi == -1 && PyErr_Occurred())
+    Py_ssize_t lo, hi;
+    if (lo_hi(args[7], args[8], &lo, &hi) < 0)
         return NULL;
     if (lo < 0 || hi < lo) {
         PyErr_SetString(PyExc_ValueError, "messages(): 0 <= lo <= hi");
         return NULL;
     }
-    MessageIter *it = PyObject_GC_New(MessageIter, &MessageIterType);
+    MessageIter *it = message_iter_new(args, lo, hi, "messages");
     if (it == NULL)
         return NULL;
-    it->cls = (PyTypeObject *)Py_NewRef(args[0]);
-    it->topic = Py_NewRef(args[1]);
-    it->partition = Py_NewRef(args[2]);
-    it->broker = Py_NewRef(args[3]);
     it->bounds = Py_NewRef(args[4]);
     it->ids = Py_NewRef(args[5]);
     it->values = Py_NewRef(args[6]);
-    it->k = lo;
-    it->hi = hi;
-    it->ahead = NULL;
-    it->bounds_range = 0;
     if (Py_IS_TYPE(args[4], &PyRange_Type)) { /* a run's bounds: computed, not indexed */
         PyObject *start = PyObject_GetAttrString(args[4], "start");
         PyObject *step = start == NULL ? NULL : PyObject_GetAttrString(args[4], "step");
@@ -635,11 +765,68 @@ speedups_messages(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return (PyObject *)it;
 }
 
+/* record_messages(cls, topic, partition, broker_id, buf, positions, base, lo, hi) */
+static PyObject *
+speedups_record_messages(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "record_messages(cls, topic, partition, broker_id, "
+                                         "buf, positions, base, lo, hi)");
+        return NULL;
+    }
+    Py_ssize_t lo, hi;
+    Records rec;
+    if (lo_hi(args[7], args[8], &lo, &hi) < 0 ||
+        records_init(&rec, args[4], args[5], args[6], lo, hi, "record_messages") < 0)
+        return NULL;
+    MessageIter *it = message_iter_new(args, lo, hi, "record_messages");
+    if (it == NULL)
+        return NULL;
+    it->buf = Py_NewRef(args[4]);
+    it->positions = Py_NewRef(args[5]);
+    it->rec = rec;
+    PyObject_GC_Track(it);
+    return (PyObject *)it;
+}
+
+/* record_values(buf, positions, lo, hi) -> [payload of record k for k in lo..hi] */
+static PyObject *
+speedups_record_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "record_values(buf, positions, lo, hi)");
+        return NULL;
+    }
+    Py_ssize_t lo, hi;
+    Records rec;
+    if (lo_hi(args[2], args[3], &lo, &hi) < 0 ||
+        records_init(&rec, args[0], args[1], NULL, lo, hi, "record_values") < 0)
+        return NULL;
+    PyObject *out = PyList_New(hi - lo);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t k = lo; k < hi; k++) {
+        long long p, q;
+        PyObject *v;
+        if (record_span(&rec, k, &p, &q) < 0 || (v = record_value(&rec, p, q)) == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, k - lo, v);
+    }
+    return out;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef speedups_methods[] = {
     {"messages", (PyCFunction)(void (*)(void))speedups_messages, METH_FASTCALL,
      "messages(cls, topic, partition, broker_id, bounds, ids, values, lo, hi) -> iterator"},
+    {"record_messages", (PyCFunction)(void (*)(void))speedups_record_messages, METH_FASTCALL,
+     "record_messages(cls, topic, partition, broker_id, buf, positions, base, lo, hi) -> "
+     "iterator"},
+    {"record_values", (PyCFunction)(void (*)(void))speedups_record_values, METH_FASTCALL,
+     "record_values(buf, positions, lo, hi) -> list of payloads"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,6 +20,15 @@
  *       The caller has checked that n * stride <= len(buf) and stride >= 20.
  *       Python: storage.batch._check_uniform's loop. Releases the GIL while it runs.
  *
+ *   index_records(buf, max_record, verify) -> (positions, status)
+ *       Walks the complete plain records at the start of buf, as the consumer's scan does
+ *       (client.consumer.scan: the reference). positions is a bytes object of native int64s:
+ *       where each complete valid record starts, then where the walk stopped (n + 1 of them).
+ *       status says why it stopped: 0 the end of buf or a partial record, 1 a record with a
+ *       flag, 2 a length < 0 or > max_record, 3 a stored CRC that is not CRC32(data) &
+ *       0x7FFFFFFF (checked only when verify is true). Checked in that order, per record.
+ *       Releases the GIL while it runs.
+ *
  * Thread-safety: the CRC tables and the CPU check are written once, at import; the functions
  * keep no state.
  */
@@ -293,6 +302,77 @@ speedups_uniform_crc_mismatch(PyObject *module, PyObject *const *args, Py_ssize_
     return PyLong_FromSsize_t(bad);
 }
 
+/* ---------------------------------------------------------------- index_records */
+
+static PyObject *
+speedups_index_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "index_records(buf, max_record, verify)");
+        return NULL;
+    }
+    long long max_record = PyLong_AsLongLong(args[1]);
+    if (max_record == -1 && PyErr_Occurred())
+        return NULL;
+    int verify = PyObject_IsTrue(args[2]);
+    if (verify < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *b = view.buf;
+    const Py_ssize_t end = view.len;
+    /* room for the positions of a reply of 100-byte records, grown by doubling */
+    Py_ssize_t cap = end / 120 + 2, n = 0, p = 0;
+    int64_t *pos = PyMem_RawMalloc((size_t)cap * sizeof(int64_t));
+    if (pos == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (end - p >= 20) {
+        const unsigned char *r = b + p;
+        int32_t length = (int32_t)get_be32(r);
+        if (get_be32(r + 16) != 0) {
+            status = 1;
+            break;
+        }
+        if (length < 0 || (long long)length > max_record) {
+            status = 2;
+            break;
+        }
+        if ((Py_ssize_t)length > end - p - 20)
+            break; /* a partial record */
+        if (verify && (crc32_update(0, r + 20, (size_t)length) & 0x7FFFFFFFu) != get_be32(r + 4)) {
+            status = 3;
+            break;
+        }
+        if (n + 2 > cap) {
+            int64_t *more = PyMem_RawRealloc(pos, (size_t)(2 * cap) * sizeof(int64_t));
+            if (more == NULL) {
+                status = -1;
+                break;
+            }
+            pos = more;
+            cap *= 2;
+        }
+        pos[n++] = p;
+        p += 20 + (Py_ssize_t)length;
+    }
+    pos[n] = p;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    PyObject *out = NULL;
+    if (status < 0)
+        PyErr_NoMemory();
+    else
+        out = Py_BuildValue("(y#i)", (const char *)pos, (Py_ssize_t)((n + 1) * sizeof(int64_t)),
+                            status);
+    PyMem_RawFree(pos);
+    return out;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef speedups_methods[] = {
@@ -302,6 +382,8 @@ static PyMethodDef speedups_methods[] = {
      "record_parts(values) -> (parts, total): [header, value, ...] and their bytes"},
     {"uniform_crc_mismatch", (PyCFunction)(void (*)(void))speedups_uniform_crc_mismatch,
      METH_FASTCALL, "uniform_crc_mismatch(buf, stride, n) -> first bad record's index, or -1"},
+    {"index_records", (PyCFunction)(void (*)(void))speedups_index_records, METH_FASTCALL,
+     "index_records(buf, max_record, verify) -> (positions, status): see the module comment"},
     {NULL, NULL, 0, NULL},
 };
 

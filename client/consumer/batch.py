@@ -1,20 +1,25 @@
 """Message batches: what ``poll()`` returns and what a partition buffers.
 
 A fetch reply is checked eagerly by :func:`~pymetaq.client.consumer.scan.scan` (every record's
-header and CRC) which keeps, per plain record, its offset, id and payload (``bytes``) in three
-parallel lists. :class:`~pymetaq.client.transport.Message` objects (named tuples) are built only
-when accessed, in C: iteration is ``map(tuple.__new__, repeat(Message), zip(...))`` with no
-Python bytecode per message. A consumer that needs only payloads uses ``values()`` and never
-pays for message objects.
+header and CRC). :class:`~pymetaq.client.transport.Message` objects (named tuples) are built
+only when accessed, in C where the accelerators are built. A consumer that needs only payloads
+uses ``values()`` and never pays for message objects.
 
-* :class:`MessageBatch` — the plain records of one reply: ``bounds`` (record starts plus
-  the end of the last one), ``ids`` and ``values`` (parallel sequences). ``batch[i]`` / iteration build
-  messages; ``values()`` returns the payloads; slicing makes views, no copies.
+* :class:`RecordBatch` (with the C accelerators) — the plain records of one reply, kept whole:
+  the reply's bytes and where each record starts, from storage's ``index_records`` (one C pass
+  over the reply, without the GIL). A message's payload and id are read out of the reply when
+  the message is built, by the thread that iterates: the I/O thread does no per-record Python
+  work, and the caller's objects are made on the caller's core.
+* :class:`MessageBatch` (pure Python) — the plain records of one reply: ``bounds`` (record
+  starts plus the end of the last one), ``ids`` and ``values`` (parallel sequences).
+* Both: ``batch[i]`` / iteration build messages; ``values()`` returns the payloads; slicing
+  makes views, no copies.
 * :class:`Messages` — a read-only sequence over parts (batches or lists) that ``poll()``
   returns; it compares equal to a list with the same messages.
 
-Memory: a batch holds the payloads (copies; the reply's bytes are not kept) plus up to two
-ints per record.
+Memory: a :class:`RecordBatch` (and every slice of it) keeps its reply's bytes plus 8 bytes per
+record; a :class:`MessageBatch` holds the payloads (copies) plus up to two ints per record. A
+message holds its own copy of its payload either way.
 
 Thread-safety: immutable after construction.
 """
@@ -22,6 +27,7 @@ Thread-safety: immutable after construction.
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
 from typing import Any, overload
@@ -32,6 +38,10 @@ from pymetaq.client.types import Message
 _new: Callable[..., Message] = tuple.__new__
 #: ``messages(...)``: the C accelerator's iterator of a batch's messages, or None
 _messages = speedups.messages if speedups is not None else None
+#: ``record_messages(...)`` / ``record_values(...)``: the same over a reply kept whole, or None
+_record_messages = speedups.record_messages if speedups is not None else None
+_record_values = speedups.record_values if speedups is not None else None
+_ID = struct.Struct(">q")  # a record header's id (bytes 8..15)
 
 
 def make_message(
@@ -71,6 +81,11 @@ class MessageBatch(Sequence[Message]):
     def __len__(self) -> int:
         return self._hi - self._lo
 
+    def _view(self, lo: int, hi: int) -> MessageBatch:
+        """Records ``lo..hi`` of the same columns (absolute indices)."""
+        b = self._bounds, self._ids, self._values
+        return MessageBatch(*b, self._topic, self._part, self._broker, lo, hi)
+
     def _make(self, k: int) -> Message:
         b = self._bounds
         row = (self._topic, self._part, b[k], self._ids[k], self._values[k], None, b[k + 1])
@@ -88,17 +103,7 @@ class MessageBatch(Sequence[Message]):
             start, stop, step = i.indices(n)
             if step != 1:
                 raise ValueError("MessageBatch slices must be contiguous")
-            stop = max(stop, start)
-            return MessageBatch(
-                self._bounds,
-                self._ids,
-                self._values,
-                self._topic,
-                self._part,
-                self._broker,
-                self._lo + start,
-                self._lo + stop,
-            )
+            return self._view(self._lo + start, self._lo + max(stop, start))
         if i < 0:
             i += n
         if not 0 <= i < n:
@@ -145,6 +150,81 @@ class MessageBatch(Sequence[Message]):
 
     def __repr__(self) -> str:
         return f"MessageBatch({self._topic}/{self._broker}-{self._part}, {len(self)} messages)"
+
+
+class RecordBatch(MessageBatch):
+    """The plain records of one reply, kept whole (see the module docstring).
+
+    Record ``k`` spans ``buf[positions[k]:positions[k + 1]]`` (``positions``: native int64s,
+    one more than the records, from ``pymetaq.storage._speedups.index_records``) and has
+    offset ``base + positions[k]``; its id is the header's bytes 8..15 and its payload the
+    bytes after the 20-byte header. Built by the scan only where the C accelerators are (its
+    iteration and ``values()`` are ``record_messages``/``record_values``).
+    """
+
+    __slots__ = ("_base", "_buf", "_positions")
+
+    def __init__(
+        self,
+        buf: bytes,
+        positions: bytes,
+        base: int,
+        topic: str,
+        partition: int,
+        broker_id: int,
+        lo: int = 0,
+        hi: int | None = None,
+    ) -> None:
+        starts = memoryview(positions).cast("q")
+        n = len(starts) - 1 if hi is None else hi
+        super().__init__(starts, (), [], topic, partition, broker_id, lo, n)
+        self._buf, self._positions, self._base = buf, positions, base
+
+    def _view(self, lo: int, hi: int) -> MessageBatch:
+        b = self._buf, self._positions, self._base
+        return RecordBatch(*b, self._topic, self._part, self._broker, lo, hi)
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[RecordBatch], tuple[Any, ...]]:  # (memoryviews do not pickle)
+        b = self._buf, self._positions, self._base
+        return RecordBatch, (*b, self._topic, self._part, self._broker, self._lo, self._hi)
+
+    def _make(self, k: int) -> Message:
+        p, q = self._bounds[k], self._bounds[k + 1]
+        base, buf = self._base, self._buf
+        (msg_id,) = _ID.unpack_from(buf, p + 8)
+        row = (self._topic, self._part, base + p, msg_id, buf[p + 20 : q], None, base + q)
+        return _new(Message, (*row, self._broker, None))
+
+    def __iter__(self) -> Iterator[Message]:
+        lo, hi = self._lo, self._hi
+        if _record_messages is None:  # never built so (see scan), but a reference all the same
+            return map(self._make, range(lo, hi))
+        cols = (self._buf, self._positions, self._base, lo, hi)
+        return _record_messages(Message, self._topic, self._part, self._broker, *cols)  # type: ignore[no-any-return]
+
+    def values(self) -> list[bytes]:
+        if _record_values is None:
+            return [m.value for m in self]
+        return _record_values(self._buf, self._positions, self._lo, self._hi)  # type: ignore[no-any-return]
+
+    @property
+    def end(self) -> int:
+        """Where the reply's last indexed record ends in ``buf`` (the whole batch's)."""
+        return int(self._bounds[-1])
+
+    def offset_at(self, i: int) -> int:
+        return self._base + self._bounds[self._lo + i]
+
+    def next_offset_at(self, i: int) -> int:
+        return self._base + self._bounds[self._lo + i + 1]
+
+    def id_at(self, i: int) -> int:
+        return int(_ID.unpack_from(self._buf, self._bounds[self._lo + i] + 8)[0])
+
+    def __repr__(self) -> str:
+        return f"RecordBatch({self._topic}/{self._broker}-{self._part}, {len(self)} messages)"
 
 
 def offset_at(seq: Sequence[Message], i: int) -> int:

@@ -9,7 +9,12 @@ record, at a corrupt one (bad length or CRC: reported, never raised) and at an *
 one (CRC-valid, but a flag or framing this client cannot read: reported with the whole record
 as an :class:`~pymetaq.client.errors.UndecodableRecord`, for the reject policy).
 
-Two paths, same result (the property tests compare them on arbitrary inputs):
+With the C accelerators the whole walk is one call, ``index_records`` (storage/_speedups.c),
+which checks each record as the walk below does, without the GIL, and returns where each
+valid record starts: the reply is kept whole in a
+:class:`~pymetaq.client.consumer.batch.RecordBatch` and messages are built from it on access.
+
+In pure Python, two paths, same result (the property tests compare them on arbitrary inputs):
 
 * **runs** — records of equal length with flag 0 (the common case: fixed-size messages). The
   header fields of a run are read as byte *columns* (``memoryview[c::stride]``, one C copy per
@@ -43,8 +48,9 @@ from dataclasses import dataclass
 from math import gcd
 from typing import Literal
 
-from pymetaq.client.consumer.batch import MessageBatch, make_message
+from pymetaq.client.consumer.batch import MessageBatch, RecordBatch, make_message
 from pymetaq.client.errors import CorruptMessage, UndecodableRecord
+from pymetaq.client.speedups import speedups as client_speedups
 from pymetaq.client.transport.records import decode_messages
 from pymetaq.client.types import Message, TopicPartition
 from pymetaq.storage.checksum import MASK31, crc32
@@ -64,6 +70,9 @@ _crc = crc32  # ISA-L's when installed (storage.checksum: 45 ns per 100 bytes, z
 _TOP7 = bytes(b & 0x7F for b in range(256))  # translate table: mask the CRC's top bit
 #: the C accelerator's ``uniform_crc_mismatch(buf, stride, n)``, or None (pure Python)
 _mismatch = speedups.uniform_crc_mismatch if speedups is not None else None
+#: ``index_records(buf, max_record, verify)``: the whole walk in C, without the GIL (with a
+#: :class:`RecordBatch` built from it), where both C accelerators are built; else None
+_index = speedups.index_records if speedups is not None and client_speedups is not None else None
 #: payload length -> (records per format, unpack_from of ``"20x<length>s" * records``)
 _PAYLOADS: dict[int, tuple[int, Callable[[bytes, int], tuple[bytes, ...]]]] = {}
 _FMT: dict[int, Literal["B", "H", "I", "Q"]] = {1: "B", 2: "H", 4: "I", 8: "Q"}  # item formats
@@ -129,6 +138,8 @@ def scan(
     """Check the complete records at the start of ``buf`` (fetched at offset ``base``)."""
     if not isinstance(buf, bytes):
         buf = bytes(buf)
+    if _index is not None:
+        return _scan_indexed(buf, tp, base, verify, max_record)
     cols = _Cols()
     pos, end = 0, len(buf)
     corrupt, reason = -1, ""
@@ -159,6 +170,25 @@ def scan(
 
 
 _FLAGGED = "flagged"
+#: ``index_records``' statuses: 0 the end or a partial record, 1 a flagged record, 2 a bad
+#: length, 3 a checksum mismatch
+_INDEX_FLAGGED, _INDEX_BAD_LENGTH, _INDEX_BAD_CRC = 1, 2, 3
+
+
+def _scan_indexed(buf: bytes, tp: TopicPartition, base: int, verify: bool, max_record: int) -> Scan:
+    """:func:`scan` by one C walk: the same checks, in the same order, as ``_walk``."""
+    positions, status = _index(buf, max_record, verify)  # type: ignore[misc]
+    if status == _INDEX_FLAGGED:
+        return _scan_eager(buf, tp, base, verify, max_record)
+    batch = RecordBatch(buf, positions, base, tp.topic, tp.partition, tp.broker_id)
+    pos = batch.end
+    if status == _INDEX_BAD_LENGTH:
+        return Scan(batch, base + pos, 0, base + pos, f"bad length {_unpack_len(buf, pos)[0]}")
+    if status == _INDEX_BAD_CRC:
+        return Scan(batch, base + pos, 0, base + pos, "checksum mismatch")
+    if not len(batch) and pos + HEADER_SIZE <= len(buf):
+        return Scan(batch, base + pos, HEADER_SIZE + _unpack_len(buf, pos)[0])
+    return Scan(batch, base + pos)
 
 
 def _walk(

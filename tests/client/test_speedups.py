@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 import random
+import struct
 import subprocess
 import sys
 import threading
@@ -24,13 +26,18 @@ from hypothesis import strategies as st
 
 from pymetaq.client import speedups as speedups_mod
 from pymetaq.client.consumer import batch as batch_mod
-from pymetaq.client.consumer.batch import MessageBatch
+from pymetaq.client.consumer import scan as scan_mod
+from pymetaq.client.consumer.batch import MessageBatch, RecordBatch
 from pymetaq.client.producer import lanes
 from pymetaq.client.producer.lanes import Lane, LaneHandle
+from pymetaq.client.transport.records import build_record
 from pymetaq.client.types import Message, TopicPartition
+from pymetaq.storage.speedups import speedups as S
 from tests._helpers import pytest_in_pure_python
+from tests.client import test_consumer_scan as scan_tests
 
 C = speedups_mod.speedups
+SCAN_TP = TopicPartition("t", 3, 1)
 
 
 def test_the_extension_is_built_and_chosen() -> None:
@@ -299,3 +306,125 @@ def test_messages_refuses_bad_arguments() -> None:
     assert it.__length_hint__() == 3
     next(it)
     assert it.__length_hint__() == 2
+
+
+# -- a reply kept whole: storage's index_records, RecordBatch, record_messages -------------
+
+
+def _scan_both(data: bytes, base: int, max_record: int, verify: bool) -> tuple[Any, Any]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scan_mod, "_index", None)
+        python = scan_mod.scan(data, SCAN_TP, base, verify=verify, max_record=max_record)
+    return python, scan_mod.scan(data, SCAN_TP, base, verify=verify, max_record=max_record)
+
+
+def test_the_c_walk_finds_what_the_python_scan_finds(seed: int) -> None:
+    """Random replies (fixed sizes, runs, every record its own size; corrupted, cut short):
+    the C index and its RecordBatch give the pure-Python scan's messages, stops and reasons,
+    and every accessor, of the whole batch and of slices, agrees. (A corrupted length can make
+    the next header read one with a flag: both then decode the reply eagerly.)"""
+    assert scan_mod._index is not None
+    rnd = random.Random(seed)
+    for _ in range(300):
+        buf = bytearray()
+        starts: list[int] = []
+        for n in scan_tests.lengths(rnd):
+            starts.append(len(buf))
+            buf += scan_tests.record(rnd.randbytes(n), rnd.randrange(-(1 << 63), 1 << 63))
+        if rnd.random() < 0.4:
+            scan_tests.corrupt(buf, starts, rnd)
+        if rnd.random() < 0.4:
+            del buf[rnd.randrange(len(buf) + 1) :]
+        data, base = bytes(buf), rnd.randrange(1 << 40)
+        max_record = rnd.choice([1 << 30, 500, 0, -1])
+        verify = rnd.random() < 0.8
+        python, c = _scan_both(data, base, max_record, verify)
+        eager = type(python.messages) is list  # a corrupt length made a flag: decoded eagerly
+        assert (type(python.messages), type(c.messages)) == (
+            (list, list) if eager else (MessageBatch, RecordBatch)
+        )
+        fields = ("next_offset", "need", "corrupt_at", "reason", "undecodable")
+        assert [getattr(c, f) for f in fields] == [getattr(python, f) for f in fields]
+        want = list(python.messages)
+        assert list(c.messages) == want and all(type(m) is Message for m in c.messages)
+        n = len(want)
+        if eager:
+            continue
+        lo, hi = sorted((rnd.randint(0, n), rnd.randint(0, n)))
+        for batch, part in ((c.messages, want), (c.messages[lo:hi], want[lo:hi])):
+            assert len(batch) == len(part) and list(batch) == part
+            assert list(pickle.loads(pickle.dumps(batch))) == part
+            assert batch.values() == [m.value for m in part]
+            k = len(part)
+            assert [batch[i] for i in range(-k, k)] == part + part  # RecordBatch._make
+            got = [(batch.offset_at(i), batch.next_offset_at(i), batch.id_at(i)) for i in range(k)]
+            assert got == [(m.offset, m.next_offset, m.id) for m in part]
+
+
+def test_a_flagged_record_sends_the_c_walk_to_the_eager_decode() -> None:
+    plain = [scan_tests.record(b"p%03d" % i, i + 1) for i in range(20)]
+    attr = build_record(b"with-attr", "k=v")
+    buf = b"".join(plain[:5]) + attr + b"".join(plain[5:])
+    python, c = _scan_both(buf, 100, 1 << 30, True)
+    assert type(c.messages) is list and c.messages == python.messages
+    assert [m.value for m in c.messages][4:7] == [b"p004", b"with-attr", b"p005"]
+
+
+def test_record_functions_refuse_what_is_not_a_record_of_the_reply() -> None:
+    assert C is not None and S is not None
+    buf = b"".join(scan_tests.record(b"v%d" % i, 10 + i) for i in range(3))  # 22 bytes each
+    positions, status = S.index_records(buf, 1 << 30, True)
+    assert status == 0 and struct.unpack("4q", positions) == (0, 22, 44, 66)
+    ms = list(C.record_messages(Message, "t", 1, 2, buf, positions, 7, 0, 3))
+    assert [(m.offset, m.id, m.value, m.next_offset) for m in ms] == [
+        (7, 10, b"v0", 29),
+        (29, 11, b"v1", 51),
+        (51, 12, b"v2", 73),
+    ]
+    assert C.record_values(buf, positions, 1, 3) == [b"v1", b"v2"]
+    args = (Message, "t", 1, 2)
+    with pytest.raises(ValueError, match="lo <= hi < len"):  # no end for record 3
+        C.record_messages(*args, buf, positions, 0, 0, 4)
+    with pytest.raises(ValueError, match="lo <= hi"):
+        C.record_values(buf, positions, 2, 1)
+    with pytest.raises(ValueError, match="base"):
+        C.record_messages(*args, buf, positions, -1, 0, 3)
+    with pytest.raises(TypeError, match="bytes"):
+        C.record_values(bytearray(buf), positions, 0, 3)
+    with pytest.raises(TypeError, match="subclass tuple"):
+        C.record_messages(dict, "t", 1, 2, buf, positions, 0, 0, 3)
+    for bad in ((0, 22, 44, 67), (0, 10, 44, 66), (-1, 22, 44, 66)):  # past the end, short, <0
+        it = C.record_messages(*args, buf, struct.pack("4q", *bad), 0, 0, 3)
+        with pytest.raises(ValueError, match="not a record"):
+            list(it)
+        with pytest.raises(ValueError, match="not a record"):
+            C.record_values(buf, struct.pack("4q", *bad), 0, 3)
+    it = C.record_messages(*args, buf, positions, 0, 1, 3)
+    assert it.__length_hint__() == 2
+    next(it)
+    assert it.__length_hint__() == 1
+
+
+def test_index_records_stops_where_the_walk_stops() -> None:
+    assert S is not None
+    good = scan_tests.record(b"abc", 1)
+    flagged = bytearray(good)
+    flagged[19] = 1
+    bad_crc = bytearray(good)
+    bad_crc[22] ^= 1
+    cases = [
+        (b"", 1 << 30, True, (0,), 0),
+        (good + good[:10], 1 << 30, True, (0, 23), 0),  # a partial header
+        (good + good[:22], 1 << 30, True, (0, 23), 0),  # a partial payload
+        (good + bytes(flagged) + good, 1 << 30, True, (0, 23), 1),
+        (good + good, 2, True, (0,), 2),  # longer than max_record
+        (good + b"\xff" * 4 + bytes(16), 1 << 30, True, (0, 23), 2),  # a negative length
+        (good + b"\xff" * 20, 1 << 30, True, (0, 23), 1),  # the flag is checked first
+        (good + bytes(bad_crc), 1 << 30, True, (0, 23), 3),
+        (good + bytes(bad_crc), 1 << 30, False, (0, 23, 46), 0),
+    ]
+    for buf, max_record, verify, want, status in cases:
+        positions, got = S.index_records(buf, max_record, verify)
+        assert (struct.unpack(f"{len(positions) // 8}q", positions), got) == (want, status)
+    with pytest.raises(TypeError):
+        S.index_records(good, 1 << 30)
