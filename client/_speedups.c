@@ -23,7 +23,8 @@
  *       positions[k]..positions[k + 1] (native int64s, from storage's index_records), its id
  *       is the header's bytes 8..15 and its payload the bytes after the 20-byte header; its
  *       offset is base + positions[k]. The payload is copied out when the message is built,
- *       by the thread that asks for it. Python: RecordBatch._make, _values.
+ *       by the thread that asks for it. Python: RecordBatch's _make and its pure-Python
+ *       iteration and values().
  *
  * Thread-safety: the GIL is held throughout; nothing here keeps state between calls except
  * the LaneSender's references (set once).

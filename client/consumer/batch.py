@@ -184,9 +184,8 @@ class RecordBatch(MessageBatch):
         b = self._buf, self._positions, self._base
         return RecordBatch(*b, self._topic, self._part, self._broker, lo, hi)
 
-    def __reduce__(
-        self,
-    ) -> tuple[type[RecordBatch], tuple[Any, ...]]:  # (memoryviews do not pickle)
+    def __reduce__(self) -> tuple[type[RecordBatch], tuple[Any, ...]]:
+        """Pickled by its reply and positions (the memoryview over them does not pickle)."""
         b = self._buf, self._positions, self._base
         return RecordBatch, (*b, self._topic, self._part, self._broker, self._lo, self._hi)
 
@@ -199,7 +198,7 @@ class RecordBatch(MessageBatch):
 
     def __iter__(self) -> Iterator[Message]:
         lo, hi = self._lo, self._hi
-        if _record_messages is None:  # never built so (see scan), but a reference all the same
+        if _record_messages is None:  # only when unpickled where the extension is off
             return map(self._make, range(lo, hi))
         cols = (self._buf, self._positions, self._base, lo, hi)
         return _record_messages(Message, self._topic, self._part, self._broker, *cols)  # type: ignore[no-any-return]

@@ -428,3 +428,17 @@ def test_index_records_stops_where_the_walk_stops() -> None:
         assert (struct.unpack(f"{len(positions) // 8}q", positions), got) == (want, status)
     with pytest.raises(TypeError):
         S.index_records(good, 1 << 30)
+
+
+def test_a_record_batch_reads_the_same_without_the_extension() -> None:
+    """A RecordBatch unpickled where the extension is off iterates and gives its values in
+    Python (``_make``), with the messages and payloads the C functions give."""
+    buf = b"".join(scan_tests.record(b"v%03d" % i, 100 + i) for i in range(50))
+    c = scan_mod.scan(buf, SCAN_TP, 4096).messages
+    assert type(c) is RecordBatch
+    part = pickle.loads(pickle.dumps(c))[10:40]
+    want, values = list(c)[10:40], [m.value for m in list(c)[10:40]]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(batch_mod, "_record_messages", None)
+        mp.setattr(batch_mod, "_record_values", None)
+        assert list(part) == want and part.values() == values
