@@ -66,11 +66,11 @@ class Marks:
 
 
 def instrument(marks: Marks) -> None:
-    """Wrap the engine's ``poll`` and ``_on_data`` and the protocol's ``data_received``."""
+    """Wrap the engine's ``poll`` and ``_on_data`` and the protocol's ``buffer_updated``."""
     engine = engine_mod.ConsumerEngine
     poll, on_data = engine.poll, engine._on_data
     protocol = connection_mod._Protocol
-    received = protocol.data_received
+    received = protocol.buffer_updated
 
     async def timed_poll(self: Any, *args: Any, **kwargs: Any) -> Any:
         marks.once("loop")
@@ -83,14 +83,14 @@ def instrument(marks: Marks) -> None:
         finally:
             marks.once("applied")
 
-    def timed_received(self: Any, data: bytes) -> None:
+    def timed_received(self: Any, nbytes: int) -> None:
         if "loop" in marks.t:
             marks.once("data")
-        received(self, data)
+        received(self, nbytes)
 
     engine.poll = timed_poll  # type: ignore[method-assign]
     engine._on_data = timed_on_data  # type: ignore[method-assign]
-    protocol.data_received = timed_received  # type: ignore[method-assign]
+    protocol.buffer_updated = timed_received  # type: ignore[method-assign]
 
 
 def queued(consumer: Consumer) -> int:

@@ -26,6 +26,10 @@
  *       by the thread that asks for it. Python: RecordBatch's _make and its pure-Python
  *       iteration and values().
  *
+ *   BodyBuffer(n)
+ *       A long reply body received in place (recv_into a memoryview of it), then take()n as
+ *       bytes without a copy. Python: protocol.parser's bytearray and bytes() of it.
+ *
  * Thread-safety: the GIL is held throughout; nothing here keeps state between calls except
  * the LaneSender's references (set once).
  */
@@ -818,6 +822,110 @@ speedups_record_values(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     return out;
 }
 
+/* ---------------------------------------------------------------- BodyBuffer */
+
+/* A reply body received in place: a bytes object of n bytes, written through the buffer
+ * protocol (socket.recv_into into a memoryview of it) and then handed out by take(). Python:
+ * a bytearray and bytes(it) at the end, one more copy of the whole body. The bytes object is
+ * seen by nobody else until take(), and take() refuses while a view of it is open, so no
+ * bytes object is ever changed after someone could see it (socket.recv fills its result the
+ * same way). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *bytes; /* NULL once taken */
+    Py_ssize_t exports;
+} BodyBuffer;
+
+static PyObject *
+body_buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t n;
+    static char *kwlist[] = {"n", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n:BodyBuffer", kwlist, &n))
+        return NULL;
+    if (n < 2) { /* bytes of 0 or 1 byte may be shared singletons */
+        PyErr_SetString(PyExc_ValueError, "BodyBuffer(): n must be at least 2");
+        return NULL;
+    }
+    BodyBuffer *self = (BodyBuffer *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->exports = 0;
+    self->bytes = PyBytes_FromStringAndSize(NULL, n);
+    if (self->bytes == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int
+body_buffer_getbuffer(BodyBuffer *self, Py_buffer *view, int flags)
+{
+    if (self->bytes == NULL) {
+        PyErr_SetString(PyExc_BufferError, "BodyBuffer: the body was taken");
+        view->obj = NULL;
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, PyBytes_AS_STRING(self->bytes),
+                          PyBytes_GET_SIZE(self->bytes), 0, flags) < 0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void
+body_buffer_releasebuffer(BodyBuffer *self, Py_buffer *view)
+{
+    self->exports--;
+}
+
+static PyObject *
+body_buffer_take(BodyBuffer *self, PyObject *unused)
+{
+    if (self->bytes == NULL) {
+        PyErr_SetString(PyExc_BufferError, "BodyBuffer.take(): already taken");
+        return NULL;
+    }
+    if (self->exports > 0) {
+        PyErr_SetString(PyExc_BufferError, "BodyBuffer.take(): a view of it is still open");
+        return NULL;
+    }
+    PyObject *b = self->bytes;
+    self->bytes = NULL;
+    return b;
+}
+
+static void
+body_buffer_dealloc(BodyBuffer *self)
+{
+    Py_XDECREF(self->bytes);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyBufferProcs body_buffer_as_buffer = {
+    .bf_getbuffer = (getbufferproc)body_buffer_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)body_buffer_releasebuffer,
+};
+
+static PyMethodDef body_buffer_methods[] = {
+    {"take", (PyCFunction)body_buffer_take, METH_NOARGS,
+     "take() -> bytes: the body (once, and only when no view of it is open)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BodyBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pymetaq.client._speedups.BodyBuffer",
+    .tp_doc = "BodyBuffer(n): n bytes to receive a body into (writable buffer), then take()",
+    .tp_basicsize = sizeof(BodyBuffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = body_buffer_new,
+    .tp_dealloc = (destructor)body_buffer_dealloc,
+    .tp_as_buffer = &body_buffer_as_buffer,
+    .tp_methods = body_buffer_methods,
+};
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef speedups_methods[] = {
@@ -850,7 +958,8 @@ PyInit__speedups(void)
     INTERN(str_pinned, "pinned");
     INTERN(str_partition, "partition");
 #undef INTERN
-    if (PyType_Ready(&LaneSenderType) < 0 || PyType_Ready(&MessageIterType) < 0)
+    if (PyType_Ready(&LaneSenderType) < 0 || PyType_Ready(&MessageIterType) < 0 ||
+        PyType_Ready(&BodyBufferType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL)
@@ -858,6 +967,12 @@ PyInit__speedups(void)
     Py_INCREF(&LaneSenderType);
     if (PyModule_AddObject(m, "LaneSender", (PyObject *)&LaneSenderType) < 0) {
         Py_DECREF(&LaneSenderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&BodyBufferType);
+    if (PyModule_AddObject(m, "BodyBuffer", (PyObject *)&BodyBufferType) < 0) {
+        Py_DECREF(&BodyBufferType);
         Py_DECREF(m);
         return NULL;
     }

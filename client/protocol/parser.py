@@ -32,6 +32,15 @@ consumed prefix is large, and the line scan resumes where it stopped: feeding by
 many small frames stays linear.  A body is copied out exactly once (a ``bytearray`` for
 ``bput`` and ``bsync`` so the broker can stamp ids in place / append it as it is, ``bytes`` otherwise).
 
+A long body (``_COLLECT_AT`` bytes or more) still arriving is collected as the received chunks
+and joined once.  With ``Parser(..., body_into=f)`` it is received in place instead:
+``f(length)`` gives a writable ``memoryview`` of ``length`` bytes and a function that returns the
+body once it is filled; :meth:`Parser.body_window` is the part still to fill, for
+``socket.recv_into`` (an ``asyncio.BufferedProtocol``), and :meth:`Parser.body_received` counts
+what was written there.  The client's connection uses it for ``get`` replies: one receive for the
+whole queued reply and no join (the broker does not: it would allocate a declared body before
+its bytes arrive).
+
 Errors (:class:`ProtocolError`): *fatal* when framing is lost - a line longer than
 ``max_line`` bytes, a missing/unparseable/negative body length or one over int32 (MetaQ's
 type), an unknown verb (it may carry a body of a length the parser cannot know, and those bytes
@@ -110,6 +119,9 @@ _COLLECT_AT = 1 << 18
 _CRLF = b"\r\n"
 
 Body = bytes | bytearray | None
+#: ``body_into(length)``: a writable view of ``length`` bytes to receive a body into, and what
+#: returns the body (``bytes``) once the view is filled and released
+BodyInto = Callable[[int], tuple[memoryview, Callable[[], bytes]]]
 Tokens = list[bytes]
 
 
@@ -402,7 +414,14 @@ def _printable(token: bytes) -> str:
 class Parser:
     """Parses requests (``Role.SERVER``) or replies (``Role.CLIENT``) from fed bytes."""
 
-    def __init__(self, role: Role, limits: Limits | None = None, *, bare_lf: bool = False) -> None:
+    def __init__(
+        self,
+        role: Role,
+        limits: Limits | None = None,
+        *,
+        bare_lf: bool = False,
+        body_into: BodyInto | None = None,
+    ) -> None:
         self.role = role
         self.limits = limits if limits is not None else Limits()
         #: also end a line at a bare LF (a person at ``nc``); binary clients always send CRLF
@@ -415,8 +434,13 @@ class Parser:
         self._error: ProtocolError | None = None
         self._skip = 0  # bytes of an oversized body still to discard as they arrive
         self._skipped: ProtocolError | None = None  # raised once that body has passed
-        #: a long body being collected (see ``_COLLECT_AT``): its chunks, bytes still to come
+        #: a long body being collected (see ``_COLLECT_AT``): its chunks, or (``body_into``)
+        #: the view it is received into and what returns it; bytes received, bytes to come
+        self._body_into = body_into
         self._parts: list[bytes] | None = None
+        self._into: memoryview | None = None
+        self._window: memoryview | None = None  # the last body_window() handed out
+        self._finish: Callable[[], bytes] | None = None
         self._need = 0
         self._have = 0
 
@@ -428,10 +452,16 @@ class Parser:
     @property
     def trailing_data(self) -> bytes:
         """A copy of the buffered, unconsumed bytes (h11's ``trailing_data``)."""
-        if self._parts is None or self._pending is None:
+        if self._pending is None:
+            return bytes(self._buf[self._pos :])
+        if self._into is not None:
+            got = bytes(self._into[: self._have])
+        elif self._parts is not None:
+            got = b"".join(self._parts)
+        else:
             return bytes(self._buf[self._pos :])
         start = self._pending[2]
-        return bytes(self._buf[self._pos : start]) + b"".join(self._parts) + self._buf[start:]
+        return bytes(self._buf[self._pos : start]) + got + self._buf[start:]
 
     @property
     def broken(self) -> ProtocolError | None:
@@ -448,7 +478,36 @@ class Parser:
     @property
     def in_frame(self) -> bool:
         """True while a frame is partly received (a partial line, a body, a discarded body)."""
-        return self._pos < len(self._buf) or self._skip > 0 or self._parts is not None
+        return (
+            self._pos < len(self._buf)
+            or self._skip > 0
+            or self._parts is not None
+            or self._into is not None
+        )
+
+    def body_window(self) -> memoryview | None:
+        """The unfilled rest of a long body being received in place (``body_into``), to
+        write into (``recv_into``) and then count with :meth:`body_received`; else None.
+        Valid until the next call or event: the parser releases it then, so a window kept
+        by mistake can neither write into a finished body nor keep its buffer open."""
+        self._close_window()
+        if self._into is None or not self._need:
+            return None
+        self._window = self._into[self._have :]
+        return self._window
+
+    def _close_window(self) -> None:
+        if self._window is not None:
+            self._window.release()
+            self._window = None
+
+    def body_received(self, n: int) -> None:
+        """``n`` more bytes of the body were written into :meth:`body_window`."""
+        if self._into is None or not 0 <= n <= self._need:
+            raise ValueError(f"{n} bytes received into a window of {self._need}")
+        self._close_window()
+        self._have += n
+        self._need -= n
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes (any chunking).  Ignored once the parser is broken; the bytes
@@ -462,14 +521,22 @@ class Parser:
                 return
             data = memoryview(data)[n:]
         if self._need:
+            self._close_window()
             n = len(data)
-            if n <= self._need:  # asyncio hands over bytes: kept as they are, no copy
-                self._parts.append(data if type(data) is bytes else bytes(data))  # type: ignore[union-attr]
+            into = self._into
+            if n <= self._need:
+                if into is not None:
+                    into[self._have : self._have + n] = data
+                else:  # asyncio hands over bytes: kept as they are, no copy
+                    self._parts.append(data if type(data) is bytes else bytes(data))  # type: ignore[union-attr]
                 self._need -= n
                 self._have += n
                 return
             with memoryview(data) as view:
-                self._parts.append(bytes(view[: self._need]))  # type: ignore[union-attr]
+                if into is not None:
+                    into[self._have :] = view[: self._need]
+                else:
+                    self._parts.append(bytes(view[: self._need]))  # type: ignore[union-attr]
                 self._buf += view[self._need :]
             self._have += self._need
             self._need = 0
@@ -481,7 +548,14 @@ class Parser:
         self._buf = bytearray()
         self._pos = self._scan = self._skip = 0
         self._pending = None
-        self._parts, self._need, self._have = None, 0, 0
+        self._drop_body()
+
+    def _drop_body(self) -> None:
+        self._close_window()
+        if self._into is not None:
+            self._into.release()
+        self._parts, self._into, self._finish = None, None, None
+        self._need = self._have = 0
 
     def next_event(self) -> Event | Literal[NeedData.NEED_DATA]:
         """The next complete frame, or :data:`NEED_DATA`.  Raises :class:`ProtocolError`."""
@@ -495,7 +569,7 @@ class Parser:
                 self._buf = bytearray()
                 self._pos = self._scan = 0
                 self._pending = None
-                self._parts, self._need, self._have = None, 0, 0
+                self._drop_body()
             raise
 
     def events(self) -> Iterator[Event]:
@@ -532,18 +606,31 @@ class Parser:
                 return self._next()
             self._pending = (verb, tokens, next_start, length)
         verb, tokens, start, length = self._pending
-        if self._parts is not None:  # a long body collected as chunks
+        if self._parts is not None or self._into is not None:  # a long body collected
             if self._need:
                 return NEED_DATA
-            parts, self._parts, self._have = self._parts, None, 0
-            body: Body = bytearray().join(parts) if verb.batch else b"".join(parts)
+            body: Body
+            if self._into is not None:
+                assert self._finish is not None
+                self._close_window()
+                self._into.release()
+                body = self._finish()
+            else:
+                parts = self._parts
+                assert parts is not None
+                body = bytearray().join(parts) if verb.batch else b"".join(parts)
+            self._parts, self._into, self._finish, self._have = None, None, None, 0
             self._pending = None
             self._consume(start)  # the line; what followed the body is buffered after it
             return self._build(verb, tokens, body)
         have = len(self._buf) - start
         if have < length:
             if length >= _COLLECT_AT:
-                self._parts = [bytes(self._buf[start:])]
+                if self._body_into is not None and not verb.batch:
+                    self._into, self._finish = self._body_into(length)
+                    self._into[:have] = self._buf[start:]
+                else:
+                    self._parts = [bytes(self._buf[start:])]
                 del self._buf[start:]
                 self._have, self._need = have, length - have
             return NEED_DATA

@@ -16,6 +16,10 @@ counter, 1 .. 2**31 - 2, wrapping; ``2**31 - 1`` is what MetaQ uses for an opaqu
 * A lost connection, a fatal protocol error or ``close()`` fails every pending request with
   :class:`ConnectionLost` (retriable); the connection is then unusable (``closed`` is True).
 * ``await drain()`` waits while the transport's write buffer is above its high-water mark.
+* Reading is an ``asyncio.BufferedProtocol``: a long reply body (a ``get`` of up to 1 MiB) is
+  received in place, into the bytes it becomes (``Parser(body_into=...)``, the C
+  ``BodyBuffer``), so a reply already queued in the socket is one ``recv_into`` and no join;
+  anything else is read into one scratch buffer per thread and copied by the parser.
 
 Thread-safety: ``BrokerConnection`` belongs to the loop it was opened on (call it only from that
 loop).
@@ -29,6 +33,7 @@ import dataclasses
 import logging
 import socket
 import ssl
+import threading
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar
 
@@ -52,6 +57,7 @@ from pymetaq.client.protocol import (
     encode,
     encode_parts,
 )
+from pymetaq.client.speedups import speedups
 from pymetaq.client.transport.security import NO_SECURITY, ClientSecurity
 
 T = TypeVar("T")
@@ -62,6 +68,9 @@ DEFAULT_CONNECT_TIMEOUT_S = 3.0
 DEFAULT_REQUEST_TIMEOUT_S = 3.0
 WRITE_HIGH_WATER = 4 << 20
 _JOIN_BELOW = 16 << 10
+#: what one receive reads when no long body is being received in place (asyncio's own size)
+_READ_SIZE = 256 << 10
+_BodyBuffer = getattr(speedups, "BodyBuffer", None)
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +82,43 @@ def raise_for_reply(reply: Reply) -> Reply:
     return reply
 
 
-class _Protocol(asyncio.Protocol):
+def _body_into_c(n: int) -> tuple[memoryview, Callable[[], bytes]]:
+    """Where a long reply body is received in place (the parser's ``body_into``): the C
+    ``BodyBuffer``, whose filled ``bytes`` are handed out without a copy."""
+    assert _BodyBuffer is not None
+    buf = _BodyBuffer(n)
+    return memoryview(buf), buf.take
+
+
+def _body_into_python(n: int) -> tuple[memoryview, Callable[[], bytes]]:
+    """The same in pure Python: a ``bytearray``, copied into ``bytes`` once it is filled (the
+    one copy that joining the received chunks would make)."""
+    raw = bytearray(n)
+    return memoryview(raw), lambda: bytes(raw)
+
+
+_body_into = _body_into_c if _BodyBuffer is not None else _body_into_python
+
+
+class _Scratch(threading.local):
+    """The read buffer of the connections whose loop runs in this thread (one per thread, not
+    per connection: a read is parsed, and its bytes copied out, before the next one starts)."""
+
+    def __init__(self) -> None:
+        self.view = memoryview(bytearray(_READ_SIZE))
+
+
+_scratch = _Scratch()
+
+
+class _Protocol(asyncio.BufferedProtocol):
+    """Reads into the parser's body window while a long body is arriving (a ``get`` reply of
+    1 MiB queued in the socket is one ``recv_into``, no chunks to join), else into the
+    thread's scratch buffer, whose bytes the parser copies."""
+
     def __init__(self, conn: BrokerConnection) -> None:
         self._conn = conn
+        self._direct = False  # the last get_buffer() was the parser's body window
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")
@@ -83,8 +126,17 @@ class _Protocol(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def data_received(self, data: bytes) -> None:
-        self._conn._on_data(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        window = self._conn._parser.body_window()  # the parser releases it when counted
+        self._direct = window is not None
+        return window if window is not None else _scratch.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._direct:
+            self._conn._on_body(nbytes)
+        else:
+            with _scratch.view[:nbytes] as data:
+                self._conn._on_data(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._conn._on_lost(exc)
@@ -108,7 +160,7 @@ class BrokerConnection:
         self.host = host
         self.port = port
         self._loop = loop
-        self._parser = Parser(Role.CLIENT, limits)
+        self._parser = Parser(Role.CLIENT, limits, body_into=_body_into)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._timers: dict[int, asyncio.TimerHandle] = {}
         #: ``on_done`` hooks of pending requests (called when their future is settled)
@@ -271,9 +323,17 @@ class BrokerConnection:
             except Exception:  # a hook must not break the reply loop
                 log.exception("reply hook %r raised", hook)
 
-    def _on_data(self, data: bytes) -> None:
+    def _on_body(self, nbytes: int) -> None:
+        """``nbytes`` of a long body were received in place (:meth:`Parser.body_window`)."""
+        self._parser.body_received(nbytes)
+        self._on_events()
+
+    def _on_data(self, data: bytes | memoryview) -> None:
+        self._parser.feed(data)
+        self._on_events()
+
+    def _on_events(self) -> None:
         parser = self._parser
-        parser.feed(data)
         pending = self._pending
         while True:
             try:
@@ -316,6 +376,7 @@ class BrokerConnection:
     def _on_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""
         self._fail(ConnectionLost(f"connection to {self.address} lost{reason}"))
+        self._parser.release()  # a half-received body is freed now, not with this object
 
     def _fail(self, error: MetaClientError) -> None:
         if self._error is None:

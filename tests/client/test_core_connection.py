@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import random
 import time
 import zlib
 from collections.abc import Awaitable, Callable
@@ -34,6 +35,7 @@ from pymetaq.client.protocol import (
     ResultReply,
     Role,
     StatsCommand,
+    ValueReply,
     VersionCommand,
     encode,
 )
@@ -82,6 +84,62 @@ def test_replies_are_matched_by_opaque_even_out_of_order() -> None:
             return [r.body for r in replies]  # type: ignore[union-attr]
 
     assert asyncio.run(main()) == [b"a", b"b", b"c"]
+
+
+def test_long_replies_arrive_whole_in_any_chunking_between_short_ones() -> None:
+    """A ``get`` reply of about 1 MiB is received in place (the parser's body window): the
+    server writes replies of 1 MiB, 300 KB and a few bytes, pipelined, in random pieces with
+    pauses, so bodies start mid-read, end mid-read and arrive in one read or in many."""
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    sizes = [1 << 20, 300_000, 5, (1 << 20) - 1, 262_144, 2] * 3
+    bodies = {i + 1: rng.randbytes(n) for i, n in enumerate(sizes)}
+
+    async def handler(seen: list[object], w: asyncio.StreamWriter) -> None:
+        if len(seen) < len(bodies):
+            return
+        wire = b"".join(encode(ValueReply(bodies[ev.opaque], ev.opaque)) for ev in seen)  # type: ignore[attr-defined]
+        at = 0
+        while at < len(wire):
+            n = rng.choice([1, 100, 4096, 65_536, 700_000, len(wire)])
+            w.write(wire[at : at + n])
+            at += n
+            await w.drain()
+            if rng.random() < 0.3:
+                await asyncio.sleep(0.002)  # the client reads what has arrived so far
+
+    async def main() -> dict[int, bytes]:
+        server, port = await _serve(handler)
+        async with server:
+            conn = await BrokerConnection.open("127.0.0.1", port)
+            futs = [conn.send_request(VersionCommand(op), timeout_s=30) for op in bodies]
+            replies = await asyncio.gather(*futs)
+            conn.close()
+            return {r.opaque: r.data for r in replies}  # type: ignore[union-attr]
+
+    got = asyncio.run(main())
+    assert got == bodies
+    assert all(type(b) is bytes for b in got.values())
+
+
+def test_a_connection_lost_mid_body_fails_the_request_and_frees_the_body() -> None:
+    async def half(seen: list[object], w: asyncio.StreamWriter) -> None:
+        w.write(encode(ValueReply(b"x" * (1 << 20), seen[0].opaque))[:600_000])  # type: ignore[attr-defined]
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.close()
+
+    async def main() -> None:
+        server, port = await _serve(half)
+        async with server:
+            conn = await BrokerConnection.open("127.0.0.1", port)
+            with pytest.raises(ConnectionLost):
+                await conn.request(VersionCommand(9), timeout_s=30)
+            assert conn.closed
+            assert conn._parser.pending_bytes == 0 and not conn._parser.in_frame
+
+    asyncio.run(main())
 
 
 def test_timeout_then_lost_connection_fail_pending_requests() -> None:

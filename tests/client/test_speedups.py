@@ -221,10 +221,12 @@ def test_lane_sender_from_another_thread_takes_the_locked_step(
 
 
 def test_lane_and_scan_tests_pass_in_pure_python_too() -> None:
-    """The real-broker lane tests and the consumer's scan tests, once more without the
-    extension."""
+    """The real-broker lane tests, the consumer's scan tests and the connection's (long
+    replies received into a bytearray), once more without the extension."""
     pytest_in_pure_python(
-        "tests/client/test_producer_lanes.py", "tests/client/test_consumer_scan.py"
+        "tests/client/test_producer_lanes.py",
+        "tests/client/test_consumer_scan.py",
+        "tests/client/test_core_connection.py",
     )
 
 
@@ -442,3 +444,33 @@ def test_a_record_batch_reads_the_same_without_the_extension() -> None:
         mp.setattr(batch_mod, "_record_messages", None)
         mp.setattr(batch_mod, "_record_values", None)
         assert list(part) == want and part.values() == values
+
+
+def test_a_body_buffer_is_filled_through_views_and_taken_once() -> None:
+    """``BodyBuffer``: the bytes a long reply body is received into (client/_speedups.c)."""
+    assert C is not None
+    buf = C.BodyBuffer(10)
+    view = memoryview(buf)
+    assert not view.readonly and view.nbytes == 10
+    view[:4] = b"abcd"
+    rest = view[4:]
+    rest[:] = b"efghij"
+    with pytest.raises(BufferError, match="still open"):  # a view could change the bytes
+        buf.take()
+    rest.release()
+    view.release()
+    body = buf.take()
+    assert type(body) is bytes and body == b"abcdefghij"
+    with pytest.raises(BufferError, match="already taken"):
+        buf.take()
+    with pytest.raises(BufferError, match="taken"):
+        memoryview(buf)
+    assert body == b"abcdefghij"  # and nothing writes into it any more
+    for bad in (0, 1, -5):  # bytes of 0 or 1 byte may be shared singletons
+        with pytest.raises(ValueError):
+            C.BodyBuffer(bad)
+    with pytest.raises(TypeError):
+        C.BodyBuffer("10")
+    dropped = C.BodyBuffer(1 << 20)  # never taken: freed with its view
+    memoryview(dropped)[:3] = b"xyz"
+    del dropped
