@@ -9,6 +9,7 @@ tested in tests/storage/test_speedups.py.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import pickle
@@ -474,3 +475,28 @@ def test_a_body_buffer_is_filled_through_views_and_taken_once() -> None:
     dropped = C.BodyBuffer(1 << 20)  # never taken: freed with its view
     memoryview(dropped)[:3] = b"xyz"
     del dropped
+
+
+def test_messages_are_built_untracked_and_other_tuple_subclasses_as_before() -> None:
+    """A ``Message`` (a NamedTuple: tuple's layout) is built without zeroing or GC tracking;
+    it can be in no cycle. A tuple subclass with a ``__dict__`` goes through ``tp_alloc``."""
+    assert C is not None and S is not None
+    buf = b"".join(scan_tests.record(b"v%d" % i, 10 + i) for i in range(3))
+    positions, _ = S.index_records(buf, 1 << 30, True)
+    before = sys.getrefcount(Message)
+    for _ in range(2000):  # the type's reference is taken and given back per message
+        ms = list(C.record_messages(Message, "t", 1, 2, buf, positions, 7, 0, 3))
+    del ms
+    gc.collect()
+    assert sys.getrefcount(Message) == before
+    ms = list(C.record_messages(Message, "t", 1, 2, buf, positions, 7, 0, 3))
+    assert not any(gc.is_tracked(m) for m in ms)
+    assert ms[1] == Message("t", 1, 29, 11, b"v1", None, 51, 2, None) and hash(ms[1])
+
+    class WithDict(tuple):  # type: ignore[type-arg]
+        pass
+
+    built = list(C.record_messages(WithDict, "t", 1, 2, buf, positions, 7, 0, 3))
+    assert all(type(m) is WithDict and gc.is_tracked(m) for m in built)
+    built[0].note = "a dict of its own"  # type: ignore[attr-defined]
+    assert tuple(built[2]) == ("t", 1, 51, 12, b"v2", None, 73, 2, None)
