@@ -10,7 +10,7 @@ internals for this run only, in the I/O loop's thread:
 | phase | from → to |
 |---|---|
 | ``to_loop`` | the caller calls ``poll()`` → the engine's ``poll`` starts on the loop thread |
-| ``first_data`` | → the first bytes of a reply reach the connection's protocol |
+| ``first_data`` | → the first bytes of a reply reach the connection's protocol (0 when the whole reply was read before the engine's ``poll`` started) |
 | ``receive`` | → the whole reply is parsed (the engine's ``_on_data`` starts) |
 | ``scan_apply`` | → the reply is scanned and buffered (``_on_data`` returns) |
 | ``to_caller`` | → ``poll()`` returns in the caller's thread |
@@ -134,9 +134,11 @@ def run(port: int, total: int, mode: str) -> tuple[dict[str, list[float]], list[
             n += k
             sizes.append(k)
             t = marks.t
-            if not k or not all(x in t for x in ("loop", "data", "parsed", "applied")):
+            if not k or not all(x in t for x in ("loop", "parsed", "applied")):
                 continue
-            steps = (t0, t["loop"], t["data"], t["parsed"], t["applied"], t1)
+            # no read after the loop turn began: the reply had already been received
+            data = t.get("data", t["loop"])
+            steps = (t0, t["loop"], data, t["parsed"], t["applied"], t1)
             for name, (a, b) in zip(PHASES, itertools.pairwise(steps)):
                 phases[name].append(b - a)
             phases["poll"].append(t1 - t0)
