@@ -452,14 +452,13 @@ class Parser:
     @property
     def trailing_data(self) -> bytes:
         """A copy of the buffered, unconsumed bytes (h11's ``trailing_data``)."""
-        if self._pending is None:
-            return bytes(self._buf[self._pos :])
-        if self._into is not None:
+        if self._into is not None:  # a long body is collected only while its frame is pending
             got = bytes(self._into[: self._have])
         elif self._parts is not None:
             got = b"".join(self._parts)
         else:
             return bytes(self._buf[self._pos :])
+        assert self._pending is not None
         start = self._pending[2]
         return bytes(self._buf[self._pos : start]) + got + self._buf[start:]
 
@@ -609,17 +608,14 @@ class Parser:
         if self._parts is not None or self._into is not None:  # a long body collected
             if self._need:
                 return NEED_DATA
+            finish, parts = self._finish, self._parts
+            self._drop_body()  # releases the views: the received body can be taken
             body: Body
-            if self._into is not None:
-                assert self._finish is not None
-                self._close_window()
-                self._into.release()
-                body = self._finish()
+            if finish is not None:
+                body = finish()
             else:
-                parts = self._parts
                 assert parts is not None
                 body = bytearray().join(parts) if verb.batch else b"".join(parts)
-            self._parts, self._into, self._finish, self._have = None, None, None, 0
             self._pending = None
             self._consume(start)  # the line; what followed the body is buffered after it
             return self._build(verb, tokens, body)
