@@ -6,6 +6,7 @@ the buffered byte counts and the trailing data are exactly those of a short body
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from pymetaq.client.protocol import (
     Event,
     Limits,
     Parser,
+    ProtocolError,
     PutCommand,
     PutForm,
     Role,
@@ -128,3 +130,27 @@ def test_release_drops_a_body_being_collected(into: str) -> None:
     assert parser.pending_bytes == 0 and not parser.in_frame
     parser.feed(wire)
     assert parser.next_event() == ValueReply(b"x" * MIB, 3)
+
+
+@pytest.mark.parametrize("into", ["python", "c"])
+def test_a_declared_body_over_the_limit_is_never_allocated(into: str) -> None:
+    """A hostile broker declaring a 1 GiB reply: the body is discarded as it arrives, nothing
+    of its size is allocated, and the next reply parses normally."""
+    sizes: list[int] = []
+
+    def counting(n: int) -> Any:
+        sizes.append(n)
+        return INTO[into](n)  # type: ignore[misc]
+
+    parser = Parser(Role.CLIENT, Limits(max_body=2 * MIB), body_into=counting)
+    parser.feed(b"value 1073741824 4\r\n" + b"x" * MIB)
+    with pytest.raises(ProtocolError):  # raised once the whole declared body has passed
+        for _ in range(1024):
+            assert parser.next_event() is NEED_DATA and parser.body_window() is None
+            parser.feed(b"x" * MIB)
+    assert sizes == [] and parser.pending_bytes == 0
+    wire = encode(ValueReply(b"y" * MIB, 5))
+    parser.feed(wire[:1000])  # a body that arrives in pieces is received in place again
+    assert parser.next_event() is NEED_DATA and sizes == [MIB]
+    parser.feed(wire[1000:])
+    assert parser.next_event() == ValueReply(b"y" * MIB, 5)
