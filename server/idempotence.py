@@ -85,9 +85,9 @@ class Stored:
 class PartitionProducers:
     """The producers of one partition log (see the module docstring)."""
 
-    def __init__(self, plog: PartitionLog) -> None:
+    def __init__(self, plog: PartitionLog, sync: str = "auto") -> None:
         self.plog = plog
-        self.file = ProducerFile(plog.directory)
+        self.file = ProducerFile(plog.directory, sync=sync)
         self._producers: collections.OrderedDict[str, collections.deque[Stored]] = (
             collections.OrderedDict()
         )
@@ -101,7 +101,7 @@ class PartitionProducers:
         #: the newest entries in log order (an async slave asks for them by range)
         self._recent: collections.deque[ProducerEntry] = collections.deque(maxlen=RECENT)
         self._recent.extend(sorted(loaded, key=lambda e: e.offset))
-        # the file's fsync starts with the log's (storage.log's companion)
+        # the file is made durable with the log's own fsync (storage.log's companion)
         plog.companion = self.file
         #: entries ending at or before this are no longer all in ``_recent``
         self._recent_from = self._recent[0].offset if len(loaded) > RECENT else 0
@@ -323,7 +323,8 @@ class IdemBatch:
 class Idempotence:
     """Every partition's producers (created on a partition's first idempotent ``bput``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync: str = "auto") -> None:
+        self._sync = sync  # [system] producersSync
         self._parts: dict[tuple[str, int], PartitionProducers] = {}
 
     def producers(self, plog: PartitionLog) -> PartitionProducers:
@@ -332,7 +333,7 @@ class Idempotence:
         if found is None or found.plog is not plog:  # a new log (the partition was reopened)
             if found is not None:
                 found.file.close()
-            found = self._parts[key] = PartitionProducers(plog)
+            found = self._parts[key] = PartitionProducers(plog, self._sync)
         return found
 
     def known(self, plog: PartitionLog) -> PartitionProducers | None:

@@ -120,7 +120,12 @@ class Appender:
     """Owns every append the broker makes and the replies that acknowledge them."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, stats: Stats, max_record_size: int | None = None
+        self,
+        loop: asyncio.AbstractEventLoop,
+        stats: Stats,
+        max_record_size: int | None = None,
+        *,
+        producers_sync: str = "auto",
     ) -> None:
         self.loop = loop
         self.stats = stats
@@ -141,7 +146,7 @@ class Appender:
         #: a gregor slave's ``sync`` records waiting for this iteration's append, per log
         self._synced: dict[int, tuple[PartitionLog, bool, bytearray, list[SyncWaiter]]] = {}
         #: idempotent producers' memory per partition (``bput`` with a producer id)
-        self.idempotence = Idempotence()
+        self.idempotence = Idempotence(producers_sync)
 
     # -- intake -------------------------------------------------------------------------------
     def put(

@@ -51,6 +51,7 @@ import os
 import threading
 from typing import Protocol
 
+from pymetaq.storage import syncrange
 from pymetaq.storage.config import WRITE_MODES
 from pymetaq.storage.errors import DiskFull, ResourceExhausted
 
@@ -83,6 +84,7 @@ class SegmentFile(Protocol):
 
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None: ...
     def sync(self) -> None: ...
+    def start_writeback(self, pos: int, n: int) -> None: ...
     def seal(self, size: int) -> None: ...
     def truncate(self, size: int) -> None: ...
     def grow(self, capacity: int) -> None: ...
@@ -185,6 +187,19 @@ class MmapSegmentFile:
             return
         try:
             os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def start_writeback(self, pos: int, n: int) -> None:
+        """Start writing ``[pos, pos + n)`` to the device without waiting (a hint: only
+        :meth:`sync` makes anything durable; :mod:`pymetaq.storage.syncrange`)."""
+        fd = self.dup_fd()
+        if fd is None:
+            return
+        try:
+            syncrange.start_writeback(fd, pos, n)
+        except OSError:  # a hint only: the fdatasync that follows reports what is wrong
+            pass
         finally:
             os.close(fd)
 

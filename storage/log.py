@@ -26,11 +26,13 @@ failed fdatasync (the kernel may have dropped the dirty pages) fails the log for
 The durable end is recorded in the partition's ``highwater`` file before readers can see it
 (:mod:`pymetaq.storage.highwater`), so offsets never go backwards.
 
-A *companion* (:attr:`PartitionLog.companion`, a file written with the log whose fsync an
-acknowledgement also waits for: the idempotent producers' ``producers.idem``) is fdatasync'ed
-on a helper thread at the same time as the log's segments, in group commit, so an
-acknowledgement waits for the slower fsync instead of the two in a row.  Its result is not the
-log's: whoever needs the companion durable still asks it (and gets the error if its fsync
+A *companion* (:attr:`PartitionLog.companion`, a file written with the log that an
+acknowledgement also needs durable: the idempotent producers' ``producers.idem``) is told
+before each group-commit fdatasync that has waiters (``before_flush``) and, once that fdatasync
+succeeded, which of its writes it covered (``after_flush``).  The companion decides how it gets
+durable: written to the device just before, so the log's own flush covers it, or fdatasync'ed
+on a helper thread at the same time (:mod:`pymetaq.storage.producers`).  Its result is not the
+log's: whoever needs the companion durable still asks it (and gets the error if its sync
 failed).
 
 Durability (per topic, :class:`~pymetaq.storage.config.TopicStoreConfig`):
@@ -66,7 +68,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from pymetaq.storage.batch import count_records, stamp_batch
@@ -106,26 +107,17 @@ def _step(fn: Callable[..., None], *args: str, retry: frozenset[int]) -> None:
 
 
 class Companion(Protocol):
-    """A file synced alongside a log (see the module doc)."""
+    """A file synced with a log (see the module doc)."""
 
-    def pending(self) -> bool: ...
-    def sync(self) -> None: ...
+    def before_flush(self, overlap: Callable[[], None]) -> int | None:
+        """The log is about to fdatasync: a ticket for :meth:`after_flush`, or None.
+        ``overlap()`` starts the log's own writes to the device: the companion may call it
+        while its own are under way."""
+        ...
 
-
-_companions: ThreadPoolExecutor | None = None
-_companions_lock = threading.Lock()
-
-
-def _start_companion(companion: Companion) -> None:
-    """Start ``companion.sync()`` on the helper thread (made on first use)."""
-    global _companions
-    with _companions_lock:
-        if _companions is None:
-            _companions = ThreadPoolExecutor(2, thread_name_prefix="pymetaq-companion-sync")
-        try:
-            _companions.submit(companion.sync)
-        except RuntimeError:  # the interpreter is shutting down: the waiters sync it themselves
-            pass
+    def after_flush(self, ticket: int) -> None:
+        """The fdatasync that followed :meth:`before_flush` succeeded."""
+        ...
 
 
 class FlushScheduler(Protocol):
@@ -390,11 +382,12 @@ class PartitionLog:
             count, before = self.message_count, self.max_offset
         started = time.perf_counter()
         companion = self.companion
-        if companion is not None and waiters and self.group_commit and companion.pending():
-            # not waited for here: the waiters that need it wait for it (the module doc)
-            _start_companion(companion)
+        ticket = None
+        if companion is not None and waiters and self.group_commit:
+            # (the module doc) the companion's writes and ours go to the device together
+            ticket = companion.before_flush(lambda: self._start_writeback(work))
         try:
-            self._finish_segments(work)
+            fsynced = self._finish_segments(work)
         except _Retry as e:  # nothing is lost: the same work is retried shortly
             with self._lock:
                 self._waiters[:0] = waiters
@@ -417,6 +410,8 @@ class PartitionLog:
             self._acked_unflushed -= flushed
             listeners = list(self._listeners)
         self._retry_warned = False
+        if ticket is not None and fsynced and companion is not None:
+            companion.after_flush(ticket)
         if self._metrics is not None:
             self._metrics.sync_round(
                 time.perf_counter() - started, target - before, count - self._synced_count
@@ -433,6 +428,13 @@ class PartitionLog:
             log.warning("%s: sync postponed (%s); retrying", self.name, exc)
             self._retry_warned = True
 
+    def _start_writeback(self, work: list[tuple[Segment, int, bool, str | None]]) -> None:
+        """Start sending the unsynced bytes of ``work`` to the device (sync lock held; a hint
+        for the fdatasync that follows)."""
+        for seg, written, _seal, _final in work:
+            if seg.synced < written:
+                seg.file.start_writeback(seg.synced, written - seg.synced)
+
     def _unfinished(self) -> tuple[Segment, ...]:
         """The segments with sync work left — unsynced bytes, a pending seal or rename — in
         log order (lock held).  Only a tail can have any: a sync finishes segments in log order
@@ -447,13 +449,15 @@ class PartitionLog:
             i -= 1
         return segs[i:]
 
-    def _finish_segments(self, work: list[tuple[Segment, int, bool, str | None]]) -> None:
-        """The I/O of :meth:`sync`, segment by segment in log order (flusher thread).
+    def _finish_segments(self, work: list[tuple[Segment, int, bool, str | None]]) -> bool:
+        """The I/O of :meth:`sync`, segment by segment in log order (flusher thread); whether
+        an fsync ran (each one flushes the device's write cache).
 
         Each step's bookkeeping is recorded as soon as it is done, so a sync interrupted by a
         transient shortage (``_Retry``: no descriptor for the fsync, no directory block for
         the rename) resumes where it stopped.  A failed fdatasync is not transient: after it
         the kernel may have dropped the dirty pages, so the log fails."""
+        fsynced = False
         if self._dir_dirty:
             _step(self._disk.sync_dir, self.directory, retry=_RETRY_DIR)
             self._dir_dirty = False
@@ -470,10 +474,12 @@ class PartitionLog:
             if seal or seg.synced < written:
                 # only a missing descriptor (the fsync never ran) is retried
                 _step(seg.file.sync, retry=TRANSIENT)
+                fsynced = True
             with self._lock:
                 seg.synced = max(seg.synced, written)
                 if seal:
                     seg.seal_pending = False
+        return fsynced
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
         """``fn(new_max_offset)`` after the durable high-water mark advances (any thread)."""

@@ -16,18 +16,34 @@ lives in ``<partition dir>/producers.idem``, an append-only file of fixed-size e
 | 4     | length of the batch in bytes                                 |
 | 4     | CRC32 of the 44 bytes before it, & 0x7FFFFFFF                |
 
-**Order.** An entry is written (``os.write``) while the partition log holds its lock, after
+**Order.** An entry is written (``pwrite``) while the partition log holds its lock, after
 the batch was stamped and *before* its bytes are copied into the segment (the log's
 ``before_write`` hook), so after a process crash the data of a batch is never on disk without
-its entry.  In group-commit mode the file is fdatasync'ed before the batch is acknowledged
-(:meth:`ProducerFile.sync`, from the durable callback; one fsync covers every entry written
-before it).  The partition log starts that fsync at the same time as its own (the file is the
-log's *companion*, :class:`~pymetaq.storage.log.Companion`), so an acknowledgement waits for
-the slower of the two fsyncs rather than for both one after the other; the durable callback's
-:meth:`ProducerFile.sync` then finds its entry covered (its ticket, from :meth:`append`) and
-returns at once.
+its entry.  In group-commit mode the entry is durable before the batch is acknowledged; the file
+is the log's *companion* (:class:`~pymetaq.storage.log.Companion`): the log calls
+:meth:`ProducerFile.before_flush` before its own fdatasync and :meth:`ProducerFile.after_flush`
+once it succeeded, and the durable callback's :meth:`ProducerFile.sync` then finds its entry
+covered (its ticket, from :meth:`append`) and returns at once.  How the entry gets there is
+the file's *mode*, chosen at :meth:`ProducerFile.load` (the broker's ``[system]
+producersSync``):
 
-**Recovery.** :meth:`ProducerFile.load` reads every entry whose CRC holds and cuts a torn tail.
+- **in place** (``auto`` on ext4 and XFS, :func:`~pymetaq.storage.syncrange.in_place_filesystem`):
+  the file keeps a *reserve* of zeros after its last entry, written and fdatasynced ahead of
+  time (:data:`RESERVE_MIN` to :data:`RESERVE_MAX` bytes, renewed on a helper thread when less
+  than half of :data:`RESERVE_MIN` is left), so a new entry overwrites blocks that are already
+  allocated, written and inside the durable size.  ``before_flush`` writes the entries since the
+  last round to the device with ``sync_file_range`` and waits; the log's fdatasync that follows
+  flushes the device's cache, which makes them durable with the log's data: one cache flush per
+  round instead of two (:mod:`pymetaq.storage.syncrange` says why that holds and where).  An
+  entry written past the prepared reserve (the renewal was not done in time) is not covered so;
+  its ack waits for an fdatasync of the file, as in the other mode.
+- **fdatasync** (``producersSync=fdatasync``, or any other filesystem): ``before_flush`` starts
+  the file's fdatasync on a helper thread, at the same time as the log's own, so an
+  acknowledgement waits for the slower of the two rather than for both one after the other.
+
+**Recovery.** :meth:`ProducerFile.load` reads the entries up to the first one whose CRC fails (a
+zero of the reserve, a torn entry), then clears what follows (zeros over it in place, cut off
+otherwise), so no stale entry is found behind new ones later.
 An entry says a batch *was written*, not that it survived: :func:`batch_intact` checks it
 against the log (the records at ``offset`` parse, their CRCs hold, there are ``count`` of
 them in ``length`` bytes and their ids run from ``first_id``).  A batch whose data was cut by
@@ -36,12 +52,14 @@ newer records have filled its range since, because their ids differ.  An entry w
 deleted by retention is kept (it was durable).
 
 **Compaction.** :meth:`ProducerFile.rewrite` replaces the file with the entries still
-remembered (write to ``producers.idem.new``, fdatasync, rename, fsync the directory).
+remembered, and a fresh reserve in place mode (write to ``producers.idem.new``, fdatasync,
+rename, fsync the directory).
 
-Thread-safety: ``append``, ``load`` and ``rewrite`` run on the broker's loop thread; ``sync``
-may run on any thread (the flusher, the companion sync's).  One lock guards the descriptor and
-the counters, and is not held during an fdatasync (which runs on a duplicate of the
-descriptor), so appends go on meanwhile; a second lock makes syncs one at a time.
+Thread-safety: ``append``, ``load`` and ``rewrite`` run on the broker's loop thread;
+``before_flush``/``after_flush`` on the thread that syncs the log; ``sync`` on any thread (the
+flusher, the helper's).  One lock guards the descriptor and the counters, and is not held
+during an fdatasync or a ``sync_file_range`` (which run on a duplicate of the descriptor), so
+appends go on meanwhile; a second lock makes fdatasyncs one at a time.
 """
 
 from __future__ import annotations
@@ -50,12 +68,16 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
 from pymetaq.storage.batch import count_records
+from pymetaq.storage.disk import fsync_dir
 from pymetaq.storage.errors import InvalidRecords
 from pymetaq.storage.results import ReadStatus
+from pymetaq.storage.syncrange import in_place_filesystem, range_sync, start_writeback
 
 FILE_NAME = "producers.idem"
 ENTRY = struct.Struct(">16siiqqi")
@@ -103,22 +125,93 @@ def decode_entries(raw: bytes) -> tuple[list[ProducerEntry], int]:
     return out, pos
 
 
-class ProducerFile:
-    """``producers.idem`` of one partition directory (see the module docstring)."""
+#: ``[system] producersSync`` values (:class:`ProducerFile`'s ``sync``)
+SYNC_MODES = ("auto", "fdatasync")
+#: in place mode: the least and the most zeros written ahead of the entries at a time (both
+#: whole 4 KiB pages and whole entries: 1,024 and 16,384 entries)
+RESERVE_MIN = 1024 * ENTRY_SIZE
+RESERVE_MAX = 16 * RESERVE_MIN
+_ZEROS = bytes(RESERVE_MAX)
 
-    def __init__(self, directory: str) -> None:
+
+class _OS:
+    """The system calls :class:`ProducerFile` makes (a test replaces them by a model of the
+    page cache and the device, ``tests/storage/test_producers_in_place.py``)."""
+
+    open = staticmethod(os.open)
+    pwrite = staticmethod(os.pwrite)
+    fdatasync = staticmethod(os.fdatasync)
+    dup = staticmethod(os.dup)
+    close = staticmethod(os.close)
+    range_sync = staticmethod(range_sync)
+    start_writeback = staticmethod(start_writeback)
+
+
+_io = _OS()
+
+_helpers: ThreadPoolExecutor | None = None
+_helpers_lock = threading.Lock()
+
+
+def _start_sync(fn: Callable[[], None]) -> None:
+    """Run ``fn`` (an fdatasync) on a helper thread (made on first use)."""
+    global _helpers
+    with _helpers_lock:
+        if _helpers is None:
+            _helpers = ThreadPoolExecutor(2, thread_name_prefix="pymetaq-producers-sync")
+        try:
+            _helpers.submit(fn)
+        except RuntimeError:  # the interpreter is shutting down: the waiters sync it themselves
+            pass
+
+
+def _write_all(fd: int, data: bytes | memoryview, pos: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = _io.pwrite(fd, view, pos)
+        view, pos = view[n:], pos + n
+
+
+def _zero(fd: int, start: int, end: int) -> None:
+    """Write zeros over ``[start, end)`` of ``fd``."""
+    while start < end:
+        n = min(end - start, len(_ZEROS))
+        _write_all(fd, memoryview(_ZEROS)[:n], start)
+        start += n
+
+
+class ProducerFile:
+    """``producers.idem`` of one partition directory (see the module docstring).
+
+    ``sync``: ``auto`` (in place where the filesystem allows it) or ``fdatasync``."""
+
+    def __init__(self, directory: str, *, sync: str = "auto") -> None:
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync must be one of {SYNC_MODES}, not {sync!r}")
         self.directory = directory
         self.path = os.path.join(directory, FILE_NAME)
+        self._sync = sync
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one fdatasync at a time
         self._fd = -1
+        #: the filesystem's name when entries are made durable in place, else None (load)
+        self.in_place: str | None = None
         #: entries appended since this object was made (never reset: tickets for :meth:`sync`)
         self.appended = 0
-        self._durable = 0  # of those, the first this many are covered by an fdatasync
-        self.size = 0  # bytes in the file
+        self._durable = 0  # of those, the first this many are durable
+        self.size = 0  # bytes of entries in the file (the reserve not counted)
+        self._zeroed = 0  # bytes written in the file, entries and reserve (its size)
+        self._prepared = 0  # of those, the first this many an fdatasync made durable
+        self._ranged = 0  # entry bytes written to the device by before_flush
+        self._renewing = False  # a reserve's fdatasync is on its way
+        self._generation = 0  # bumped by rewrite (positions change)
+
+    def _decide(self) -> None:
+        if self._sync == "auto" and self.in_place is None:
+            self.in_place = in_place_filesystem(self.directory)
 
     def load(self) -> list[ProducerEntry]:
-        """Every intact entry, oldest first; a torn tail is cut off.  Opens the file."""
+        """Every intact entry, oldest first; what follows them is cleared.  Opens the file."""
         with self._lock:
             try:
                 with open(self.path, "rb") as f:
@@ -126,11 +219,21 @@ class ProducerFile:
             except FileNotFoundError:
                 raw = b""
             entries, good = decode_entries(raw)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-            if good != len(raw):
-                os.ftruncate(self._fd, good)
-            os.lseek(self._fd, good, os.SEEK_SET)
-            self.size = good
+            self._decide()
+            self._fd = _io.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            if self.in_place:
+                end = max(len(raw), good + RESERVE_MIN)
+                if raw.count(0, good) != len(raw) - good or end > len(raw):
+                    _zero(self._fd, good, end)
+                # also when nothing was written: a process crash may have left a reserve
+                # in the page cache that no fdatasync covered
+                _io.fdatasync(self._fd)
+            else:
+                end = good
+                if good != len(raw):
+                    os.ftruncate(self._fd, good)
+            self.size = self._ranged = good
+            self._zeroed = self._prepared = end
             return entries
 
     def read(self) -> list[ProducerEntry]:
@@ -143,69 +246,145 @@ class ProducerFile:
         return decode_entries(raw)[0]
 
     def append(self, entry: ProducerEntry) -> int:
-        """Write one entry (page cache; :meth:`sync` makes it durable); returns its ticket."""
+        """Write one entry (page cache; durable with the log's next flush or :meth:`sync`);
+        returns its ticket."""
         data = entry.encode()
         with self._lock:
             if self._fd < 0:
                 raise OSError(f"{self.path} is closed")
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
+            _write_all(self._fd, data, self.size)
             self.appended += 1
             self.size += ENTRY_SIZE
+            self._zeroed = max(self._zeroed, self.size)
+            if self.in_place and not self._renewing and self._zeroed - self.size < RESERVE_MIN // 2:
+                self._renew_locked()
             return self.appended
 
+    def _renew_locked(self) -> None:
+        """Write the next reserve of zeros and start its fdatasync (lock held)."""
+        n = min(max(RESERVE_MIN, self.size // RESERVE_MIN * RESERVE_MIN), RESERVE_MAX)
+        _zero(self._fd, self._zeroed, self._zeroed + n)
+        self._zeroed += n
+        self._renewing = True
+        _start_sync(self._renewed)
+
+    def _renewed(self) -> None:
+        try:
+            self._fdatasync(None, force=True)
+        except OSError:  # entries past the last reserve wait for an fdatasync of their own
+            pass
+        finally:
+            with self._lock:
+                self._renewing = False
+
     def pending(self) -> bool:
-        """Is an entry written and not yet covered by an fdatasync?"""
+        """Is an entry written and not yet durable?"""
         return self._durable < self.appended
+
+    def before_flush(self, overlap: Callable[[], None] | None = None) -> int | None:
+        """The log is about to fdatasync (group commit, waiters to acknowledge): in place,
+        write the entries since the last round to the device and return the ticket the log's
+        flush will make durable (:meth:`after_flush`); else start this file's fdatasync beside
+        the log's and return None (the module docstring).  ``overlap()``, the log's own
+        writeback, runs while this file's write is under way (in place only)."""
+        with self._lock:
+            if self._fd < 0 or self._durable >= self.appended:
+                return None
+            if not self.in_place or self.size > self._prepared:
+                start = True
+            else:
+                start = False
+                target, lo, hi, generation = (
+                    self.appended,
+                    self._ranged,
+                    self.size,
+                    self._generation,
+                )
+                fd = -1
+                if hi > lo:
+                    try:
+                        fd = _io.dup(self._fd)
+                    except OSError:  # no descriptor to spare: the waiters fdatasync instead
+                        return None
+        if start:
+            _start_sync(self.sync)
+            return None
+        if fd >= 0:
+            try:
+                _io.start_writeback(fd, lo, hi - lo)
+                if overlap is not None:
+                    overlap()  # both files' writes on their way to the device at once
+                _io.range_sync(fd, lo, hi - lo)  # waits for ours (WAIT_BEFORE, WAIT_AFTER)
+            except OSError:  # the waiters' own fdatasync reports what is wrong
+                return None
+            finally:
+                _io.close(fd)
+            with self._lock:
+                if self._generation == generation:
+                    self._ranged = max(self._ranged, hi)
+        return target
+
+    def after_flush(self, ticket: int) -> None:
+        """The log's fdatasync that followed :meth:`before_flush` succeeded: the entries up
+        to ``ticket`` are durable."""
+        with self._lock:
+            self._durable = max(self._durable, ticket)
 
     def sync(self, ticket: int | None = None) -> None:
         """fdatasync unless the entries up to ``ticket`` (default: all written) are already
-        covered (any thread)."""
+        durable (any thread)."""
+        self._fdatasync(ticket)
+
+    def _fdatasync(self, ticket: int | None, *, force: bool = False) -> None:
+        """fdatasync the file unless ``ticket`` is covered (``force``: in any case): every
+        entry written and the reserve become durable."""
         with self._sync_lock:
             with self._lock:
                 target = self.appended if ticket is None else ticket
-                if self._fd < 0 or self._durable >= target:
+                if self._fd < 0 or (self._durable >= target and not force):
                     return
-                target = self.appended
+                target, zeroed = self.appended, self._zeroed
                 try:
-                    fd = os.dup(self._fd)
+                    fd = _io.dup(self._fd)
                 except OSError:  # no descriptor to spare: fsync under the lock, as before
-                    os.fdatasync(self._fd)
-                    self._durable = max(self._durable, target)
+                    _io.fdatasync(self._fd)
+                    self._synced(target, zeroed)
                     return
             try:
-                os.fdatasync(fd)
+                _io.fdatasync(fd)
             finally:
-                os.close(fd)
+                _io.close(fd)
             with self._lock:
-                self._durable = max(self._durable, target)
+                self._synced(target, zeroed)
+
+    def _synced(self, target: int, zeroed: int) -> None:
+        self._durable = max(self._durable, target)
+        self._prepared = max(self._prepared, zeroed)
 
     def rewrite(self, entries: list[ProducerEntry]) -> None:
         """Replace the file by ``entries`` (atomically: a crash leaves the old or the new)."""
+        self._decide()
         tmp = self.path + ".new"
         data = b"".join(e.encode() for e in entries)
+        reserve = RESERVE_MIN if self.in_place else 0
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fdatasync(fd)
+            _write_all(fd, data, 0)
+            _zero(fd, len(data), len(data) + reserve)
+            _io.fdatasync(fd)
         except BaseException:
             os.close(fd)
             raise
         with self._lock:
             os.replace(tmp, self.path)
-            dfd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(self.directory)
             if self._fd >= 0:
                 os.close(self._fd)
             self._fd = fd
+            self._generation += 1
             self._durable = self.appended  # the new file holds every live entry, synced
-            self.size = len(data)
+            self.size = self._ranged = len(data)
+            self._zeroed = self._prepared = len(data) + reserve
 
     def close(self) -> None:
         with self._lock:

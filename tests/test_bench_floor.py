@@ -23,7 +23,7 @@ def test_the_floor_acks_every_message_after_its_fdatasync(
 
     def pwrite(fd: int, data: bytes, pos: int) -> int:
         n = real_pwrite(fd, data, pos)
-        if len(data) < 1 << 20:  # not the prewritten zeros
+        if fd == floor_fd[0] and len(data) < 1 << 20:  # the log, not the prewritten zeros
             written[0] = pos + n
         return n
 

@@ -3,7 +3,9 @@
 commit in process, opt-in, ``ack_latency`` only), ``pymetaq-nometrics`` (pymetaq with its HTTP port off,
 opt-in: ``--systems pymetaq,pymetaq-nometrics`` measures what ``/metrics`` costs) and
 ``pymetaq-noidem`` (pymetaq's producers with ``idempotence=False``, opt-in: what the idempotent
-producer's exactly-once retries cost).
+producer's exactly-once retries cost) and ``pymetaq-idemfsync`` (the broker with
+``producersSync=fdatasync``, opt-in: the idempotent producers' file fdatasynced beside the log
+instead of written in place before its flush).
 
 A system module is imported only when it is asked for, so a missing client library of one peer
 never stops the others (it becomes a skip note).
@@ -20,6 +22,7 @@ _MODULES = {
     "pymetaq": ("bench.systems.pymetaq_sys", "PymetaqSystem"),
     "pymetaq-nometrics": ("bench.systems.pymetaq_sys", "PymetaqNoMetricsSystem"),
     "pymetaq-noidem": ("bench.systems.pymetaq_sys", "PymetaqNoIdemSystem"),
+    "pymetaq-idemfsync": ("bench.systems.pymetaq_sys", "PymetaqIdemFsyncSystem"),
     "redis": ("bench.systems.redis_sys", "RedisSystem"),
     "nats": ("bench.systems.nats_sys", "NatsSystem"),
     "null": ("bench.systems.null_sys", "NullSystem"),

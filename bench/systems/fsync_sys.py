@@ -15,7 +15,12 @@ copy but the one write: nothing a broker and client could do in less time. The m
 * ``group`` syncs one file per round, its space reserved with ``posix_fallocate`` as the
   broker reserves a segment's.
 * ``group-idem`` also appends a 48-byte entry to a second file and fdatasyncs both, started
-  together, the way pymetaq's broker makes an idempotent producer's batch durable.
+  together, the way pymetaq's broker makes an idempotent producer's batch durable with
+  ``producersSync=fdatasync``.
+* ``group-idem-inplace`` writes that entry into zeros written (and synced) ahead of time and
+  sends it to the device with ``sync_file_range`` (started together with the log's own write,
+  then waited for) before the log's fdatasync, whose cache flush covers it: the broker's
+  default (``producersSync=auto``) on ext4 and XFS (:mod:`pymetaq.storage.syncrange`).
 * ``group-prewritten`` writes zeros over the whole file (and syncs them) before the run,
   as RocketMQ's ``warmMapedFileEnable`` does. A fallocated block is *unwritten* until
   the first fdatasync after data lands in it, and that fdatasync also commits the extent's
@@ -37,6 +42,7 @@ from pathlib import Path
 
 from bench.common import NS, Latency, LatencyRecorder, Mode, OpenLoop, Throughput, stamped
 from bench.systems.base import System
+from pymetaq.storage.syncrange import range_sync, start_writeback
 
 #: the floor's segment: preallocated like a broker segment, so no write extends the file (a
 #: round that would pass the end starts again at 0: 100k msgs/s of 100 bytes fill it in 5 s)
@@ -45,6 +51,8 @@ _SEGMENT_BYTES = 64 << 20
 _HEADER = bytes(20)
 #: one producers-file entry, as big as the broker's
 _IDEM_ENTRY = bytes(48)
+#: ``group-idem-inplace``: the zeros written ahead for the entries (wrapping around)
+_IDEM_RESERVE = 1 << 20
 
 
 class FsyncSystem(System):
@@ -55,6 +63,11 @@ class FsyncSystem(System):
         ),
         Mode(
             "group-idem", "disk floor as group, plus a 48-byte append to a second file, synced too"
+        ),
+        Mode(
+            "group-idem-inplace",
+            "disk floor as group, plus a 48-byte entry written in place and sent to the device "
+            "before the log's fdatasync",
         ),
         Mode("group-prewritten", "disk floor as group, the file's blocks written with zeros first"),
     )
@@ -114,11 +127,18 @@ class _Committer:
         os.fsync(self._log)
         self._pos = 0
         self._idem = -1
+        self._idem_pos = 0
+        self._in_place = mode == "group-idem-inplace"
         self._pool: ThreadPoolExecutor | None = None
         if mode == "group-idem":  # appended to, as the broker appends to producers.idem
             path = directory / "producers"
             self._idem = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="fsync-floor-idem")
+        elif self._in_place:  # a reserve of zeros, written and synced ahead (as the broker's)
+            path = directory / "producers"
+            self._idem = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.pwrite(self._idem, bytes(_IDEM_RESERVE), 0)
+            os.fdatasync(self._idem)
         self._thread = threading.Thread(target=self._run, name="fsync-floor", daemon=True)
 
     def start(self, rec: LatencyRecorder) -> LatencyRecorder:
@@ -138,6 +158,7 @@ class _Committer:
             self._thread.join()
         if self._pool is not None:
             self._pool.shutdown()
+        if self._idem >= 0:
             os.close(self._idem)
         os.close(self._log)
 
@@ -166,6 +187,16 @@ class _Committer:
                 other = self._pool.submit(os.fdatasync, self._idem)
                 os.fdatasync(self._log)
                 other.result()
+            elif self._in_place:
+                if self._idem_pos + len(_IDEM_ENTRY) > _IDEM_RESERVE:
+                    self._idem_pos = 0
+                os.pwrite(self._idem, _IDEM_ENTRY, self._idem_pos)
+                # as the broker: both writes started, the entry's waited for, then the flush
+                start_writeback(self._idem, self._idem_pos, len(_IDEM_ENTRY))
+                start_writeback(self._log, self._pos - len(data), len(data))
+                range_sync(self._idem, self._idem_pos, len(_IDEM_ENTRY))
+                self._idem_pos += len(_IDEM_ENTRY)
+                os.fdatasync(self._log)
             else:
                 os.fdatasync(self._log)
             now = time.perf_counter_ns()

@@ -103,6 +103,7 @@ unflushThreshold=0
 unflushInterval=1000
 maxSegmentSize=1073741824
 maxTransferSize=1048576
+producersSync={producers_sync}
 
 [zookeeper]
 zk.zkEnable=false
@@ -124,13 +125,17 @@ class PymetaqSystem(System):
     ``SCRAPE_S`` (15x Prometheus's default rate) during every case; ``pymetaq-nometrics``: the
     same broker with ``dashboardHttpPort=0`` - the two in one run measure what monitoring costs;
     ``pymetaq-noidem``: the producers with ``idempotence=False`` (the plain ``bput``: no
-    ``producers.idem`` entry, so no second fdatasync per group commit) - what the default's
-    exactly-once retries cost."""
+    ``producers.idem`` entry to make durable) - what the default's exactly-once retries cost;
+    ``pymetaq-idemfsync``: the broker with ``producersSync=fdatasync`` (the entry fdatasynced
+    beside the log, a second device flush per round, instead of written in place before the
+    log's flush)."""
 
     name = "pymetaq"
     metrics = True
     #: the producers' ``idempotence`` option (the client's default: True)
     idempotence = True
+    #: the broker's ``[system] producersSync`` (its default: auto)
+    producers_sync = "auto"
     modes = (
         Mode("group", GROUP),
         Mode("threshold", THRESHOLD),
@@ -158,7 +163,11 @@ class PymetaqSystem(System):
         ini = self._workdir / "server.ini"
         ini.write_text(
             SERVER_INI.format(
-                port=self._port, http_port=http_port, data=data, partitions=PARTITIONS
+                port=self._port,
+                http_port=http_port,
+                data=data,
+                partitions=PARTITIONS,
+                producers_sync=self.producers_sync,
             )
         )
         argv = [*argv0, "server", "-f", str(ini)]
@@ -567,6 +576,11 @@ class PymetaqNoMetricsSystem(PymetaqSystem):
 class PymetaqNoIdemSystem(PymetaqSystem):
     name = "pymetaq-noidem"
     idempotence = False
+
+
+class PymetaqIdemFsyncSystem(PymetaqSystem):
+    name = "pymetaq-idemfsync"
+    producers_sync = "fdatasync"
 
 
 def _import_clients() -> tuple[Any, Any]:

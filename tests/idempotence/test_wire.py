@@ -56,10 +56,12 @@ def ok(reply: object) -> bytes:
     return reply.body
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+@pytest.fixture(params=["auto", "fdatasync"])
+def broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+    """A broker in either ``producersSync`` mode (``auto`` is in place on ext4 and XFS)."""
     topics = {"idem": {"numPartitions": 2}}
-    with BrokerProcess.start(tmp_path, topics=topics, system={"idleTimeoutMs": 0}) as b:
+    system = {"idleTimeoutMs": 0, "producersSync": request.param}
+    with BrokerProcess.start(tmp_path, topics=topics, system=system) as b:
         yield b
 
 

@@ -104,7 +104,7 @@ def test_every_metaq_key_is_accepted(tmp_path: Path) -> None:
     assert t.data_path == str(tmp_path / "t")
     assert t.group_filters == (("g1", "com.example.Filter"),)
     assert cfg.system.data_log_path == str(tmp_path / "l")
-    assert len(metaq) + 21 == len(SYSTEM_KEYS) and len(zk) == len(ZK_KEYS)  # + pymetaq extensions
+    assert len(metaq) + 22 == len(SYSTEM_KEYS) and len(zk) == len(ZK_KEYS)  # + pymetaq extensions
 
 
 def test_topic_keys_inherit_system_and_patterns_match_after_exact_names(tmp_path: Path) -> None:
@@ -226,6 +226,11 @@ def test_arithmetic_rejects_everything_else(expr: str) -> None:
             "[system]\nsegmentWrites=mapped\n[topic=t]\n",
             "cfg.ini:2: bad value for 'segmentWrites' in section [system]: 'mapped' must be "
             "pwrite or mmap",
+        ),
+        (
+            "[system]\nproducersSync=range\n[topic=t]\n",
+            "cfg.ini:2: bad value for 'producersSync' in section [system]: 'range' must be "
+            "auto or fdatasync",
         ),
         (
             "[system]\noffsetStorage=mysql\n[topic=t]\n",

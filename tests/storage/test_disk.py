@@ -115,3 +115,17 @@ def test_a_pwrite_past_the_capacity_extends_the_file_and_keeps_reserving(
     f.seal(8292 + 70000)
     f.close()
     assert path.stat().st_size == 8292 + 70000
+
+
+@pytest.mark.parametrize("writes", WRITE_MODES)
+def test_start_writeback_is_a_hint_that_changes_nothing(tmp_path: Path, writes: str) -> None:
+    """The log starts a segment's writeback while its companion's write is under way
+    (``storage.syncrange``): the bytes stay as written, and a closed file ignores it."""
+    f = MmapDisk(writes).create(str(tmp_path / "s"), 1 << 20)
+    f.write_at(0, b"x" * 10_000)
+    f.start_writeback(0, 10_000)
+    f.start_writeback(5_000, 1 << 30)  # past the end: nothing to write, no error
+    assert f.read_at(0, 10_000) == b"x" * 10_000
+    f.sync()
+    f.close()
+    f.start_writeback(0, 10)  # closed: a no-op
