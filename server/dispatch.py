@@ -134,6 +134,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("pymetaq.server")
 
 LONG_MAX = (1 << 63) - 1
+#: topic names whose put checks passed, remembered per config (a hostile client naming new
+#: topics that match a ``*`` pattern cannot grow it past this: it starts over)
+TOPIC_CACHE_MAX = 4096
 SYNC_DISABLED = b"sync is only accepted by a slave broker; this broker is not a slave"
 ADMIN_LOOPBACK_ONLY = b"admin commands are accepted only from this host (a loopback address)"
 
@@ -166,7 +169,9 @@ class Dispatcher:
         self.stats.add_item("lag", LAG_HELP, lambda: self.monitor.lag_lines(broker.store.logs()))
         self.connections: set[Connection] = set()
         self.accepting = True
-        self.appender = Appender(loop, self.stats, system.max_put_size)
+        self.appender = Appender(
+            loop, self.stats, system.max_put_size, producers_sync=system.producers_sync
+        )
         self.body_budget = BodyBudget(system.max_buffered_body_bytes)
         self.per_ip = ConnectionCounts(system.max_connections_per_ip)
         self.throttled = Throttled(log)
@@ -176,6 +181,9 @@ class Dispatcher:
         self.partitions = Partitions(broker, self._store_created)
         #: a gregor slave's resolved sync targets (topic, partition) -> (log, topic config)
         self._sync_targets: dict[tuple[str, int], tuple[PartitionLog, TopicConfig]] = {}
+        #: valid topic names and their config, for the config object they were looked up in
+        self._topics: dict[str, TopicConfig] = {}
+        self._topics_of: object = None
         #: the connections a master's syncs came on (a rejoined slave drops them when it asks
         #: its master to follow it again: server/rejoin.py)
         self.sync_peers: weakref.WeakSet[Connection] = weakref.WeakSet()
@@ -297,6 +305,25 @@ class Dispatcher:
         self.longpoll.store_created(topic, partition, plog)
         self.broker.topic_stored(topic)
 
+    def _topic_config(self, topic: str) -> TopicConfig | None:
+        """The config of a valid ``topic`` (None: an invalid name, or no section matches it),
+        remembered for the broker's current config (a lookup walks every section)."""
+        config = self.broker.config
+        if self._topics_of is not config:  # reloaded (or never looked up)
+            self._topics.clear()
+            self._topics_of = config
+        tc = self._topics.get(topic)
+        if tc is None:
+            if topic_name_error(topic) is not None:
+                return None
+            tc = config.topic_config(topic)
+            if tc is None:
+                return None
+            if len(self._topics) >= TOPIC_CACHE_MAX:
+                self._topics.clear()
+            self._topics[topic] = tc
+        return tc
+
     def invalidate_logs(self) -> None:
         """Forget cached log lookups (after a config reload)."""
         self.partitions.invalidate()
@@ -315,12 +342,12 @@ class Dispatcher:
         self, conn: Connection, topic: str, partition: int, opaque: int, *, sync: bool = False
     ) -> tuple[PartitionLog, TopicConfig] | None:
         """Resolve (topic, partition) for a put, answering the error itself; None on error."""
-        bad = topic_name_error(topic)
-        if bad is not None:  # before anything touches the disk
-            self._put_failed(conn, opaque, bad, code=400)
-            return None
-        tc = self.broker.config.topic_config(topic)
+        tc = self._topic_config(topic)
         if tc is None:
+            bad = topic_name_error(topic)
+            if bad is not None:  # before anything touches the disk
+                self._put_failed(conn, opaque, bad, code=400)
+                return None
             self._put_failed(
                 conn, opaque, f"The topic `{topic}` is not in topics list of the broker"
             )

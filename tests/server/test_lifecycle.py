@@ -92,16 +92,18 @@ def test_sighup_reloads_topic_sections(tmp_path: Path) -> None:
     with BrokerProcess.start(tmp_path, topics={"old": {}}) as broker:
         with Wire(broker.address) as w:
             assert put(w, "new", b"x", 1).code == 500
+            assert put(w, "old", b"x", 10).code == 200  # its section is remembered now
             write_server_ini(
                 broker.config_path,
                 data_path=broker.data_path,
-                topics={"old": {}, "new": {"numPartitions": 2}},
+                topics={"old": {"acceptPublish": "false"}, "new": {"numPartitions": 2}},
             )
             assert broker.proc is not None
             broker.proc.send_signal(signal.SIGHUP)
             wait_for(lambda: "config reloaded" in broker.log_text(), what="reload")
             reply = put(w, "new", b"x", 2, partition=1)
             assert reply.code == 200, reply
+            assert put(w, "old", b"x", 11).code == 403  # the reloaded section, not the old one
             # a broken file keeps the old configuration
             broker.config_path.write_text("[system]\nbogus=1\n")
             broker.proc.send_signal(signal.SIGHUP)
