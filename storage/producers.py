@@ -64,6 +64,7 @@ appends go on meanwhile; a second lock makes fdatasyncs one at a time.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -78,6 +79,8 @@ from pymetaq.storage.disk import fsync_dir
 from pymetaq.storage.errors import InvalidRecords
 from pymetaq.storage.results import ReadStatus
 from pymetaq.storage.syncrange import in_place_filesystem, range_sync, start_writeback
+
+log = logging.getLogger(__name__)
 
 FILE_NAME = "producers.idem"
 ENTRY = struct.Struct(">16siiqqi")
@@ -271,8 +274,8 @@ class ProducerFile:
     def _renewed(self) -> None:
         try:
             self._fdatasync(None, force=True)
-        except OSError:  # entries past the last reserve wait for an fdatasync of their own
-            pass
+        except OSError as exc:  # entries past the last reserve wait for an fdatasync of their own
+            log.warning("%s: syncing the next reserve failed: %s", self.path, exc)
         finally:
             with self._lock:
                 self._renewing = False
@@ -343,23 +346,26 @@ class ProducerFile:
                 target = self.appended if ticket is None else ticket
                 if self._fd < 0 or (self._durable >= target and not force):
                     return
-                target, zeroed = self.appended, self._zeroed
+                target, zeroed, generation = self.appended, self._zeroed, self._generation
                 try:
                     fd = _io.dup(self._fd)
                 except OSError:  # no descriptor to spare: fsync under the lock, as before
                     _io.fdatasync(self._fd)
-                    self._synced(target, zeroed)
+                    self._synced(target, zeroed, generation)
                     return
             try:
                 _io.fdatasync(fd)
             finally:
                 _io.close(fd)
             with self._lock:
-                self._synced(target, zeroed)
+                self._synced(target, zeroed, generation)
 
-    def _synced(self, target: int, zeroed: int) -> None:
+    def _synced(self, target: int, zeroed: int, generation: int) -> None:
+        """An fdatasync that started with ``appended == target`` and ``_zeroed == zeroed``
+        succeeded (lock held)."""
         self._durable = max(self._durable, target)
-        self._prepared = max(self._prepared, zeroed)
+        if generation == self._generation:  # a rewrite since: its own reserve counts, not ours
+            self._prepared = max(self._prepared, zeroed)
 
     def rewrite(self, entries: list[ProducerEntry]) -> None:
         """Replace the file by ``entries`` (atomically: a crash leaves the old or the new)."""

@@ -384,3 +384,38 @@ def test_a_rewrite_keeps_a_reserve_and_appends_follow_the_kept_entries(
     pfile.after_flush(ticket)
     pfile.close()
     assert ProducerFile(str(tmp_path)).read() == [_entry(8), _entry(9), _entry(10)]
+
+
+@pytest.mark.usefixtures("in_place")
+def test_a_reserve_synced_across_a_rewrite_does_not_count_for_the_new_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal's fdatasync that began before a compaction (rewrite) must not mark the old
+    file's larger reserve as prepared in the new file: entries past the new file's own reserve
+    are not in place."""
+    started: list[Callable[[], None]] = []
+    monkeypatch.setattr(producers, "_start_sync", started.append)
+    pfile = ProducerFile(str(tmp_path))
+    pfile.load()
+    half = RESERVE_MIN // ENTRY_SIZE // 2
+    for seq in range(half + 1):  # the first renewal: the old file's zeros reach 2 reserves
+        pfile.append(_entry(seq))
+    assert len(started) == 1
+    real = producers._io.fdatasync
+    rewrote: list[bool] = []
+
+    def rewrite_meanwhile(fd: int) -> None:
+        if not rewrote:  # the renewal's fdatasync: a compaction happens while it runs
+            rewrote.append(True)
+            pfile.rewrite([_entry(half)])
+        real(fd)
+
+    monkeypatch.setattr(producers._io, "fdatasync", rewrite_meanwhile)
+    started.pop()()
+    monkeypatch.setattr(producers._io, "fdatasync", real)
+    per_reserve = RESERVE_MIN // ENTRY_SIZE
+    for seq in range(half + 1, half + per_reserve + 2):  # one past the new file's reserve
+        pfile.append(_entry(seq))
+    started.clear()  # its renewal, not run: the entries past it are not prepared
+    assert pfile.before_flush() is None
+    pfile.close()
