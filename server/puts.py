@@ -137,6 +137,7 @@ class Appender:
         self._flush_scheduled = False
         self._done: collections.deque[Completion] = collections.deque()
         self._wake_pending = False
+        self._syncing = False  # in _sync_appended, which drains the completions itself
         #: logs appended with ``defer_flush`` this iteration (synced by ``_sync_appended``)
         self._to_sync: dict[int, PartitionLog] = {}
         self._inline_after = 0.0  # monotonic time before which no inline fsync is tried
@@ -369,15 +370,19 @@ class Appender:
         """
         logs = list(self._to_sync.values())
         self._to_sync.clear()
-        for plog in logs:
-            start = time.monotonic()
-            if start < self._inline_after or not self._try_inline(plog):
-                plog.request_flush()
-                continue
-            if time.monotonic() - start > INLINE_SLOW_S:
-                self._inline_after = time.monotonic() + INLINE_BACKOFF_S
-        if self._done:
-            self._drain()
+        self._syncing = True
+        try:
+            for plog in logs:
+                start = time.monotonic()
+                if start < self._inline_after or not self._try_inline(plog):
+                    plog.request_flush()
+                    continue
+                if time.monotonic() - start > INLINE_SLOW_S:
+                    self._inline_after = time.monotonic() + INLINE_BACKOFF_S
+        finally:
+            self._syncing = False
+            if self._done:  # also this iteration's inline completions (_wake left them here)
+                self._drain()
 
     @staticmethod
     def _try_inline(plog: PartitionLog) -> bool:
@@ -406,6 +411,8 @@ class Appender:
             return
         self._wake_pending = True
         if threading.get_ident() == self._loop_thread:
+            if self._syncing:  # an inline fsync's completion: _sync_appended drains it next
+                return
             self.loop.call_soon(self._drain)
             return
         try:
