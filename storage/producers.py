@@ -273,7 +273,7 @@ class ProducerFile:
 
     def _renewed(self) -> None:
         try:
-            self._fdatasync(None, force=True)
+            self.sync(force=True)
         except OSError as exc:  # entries past the last reserve wait for an fdatasync of their own
             log.warning("%s: syncing the next reserve failed: %s", self.path, exc)
         finally:
@@ -333,14 +333,10 @@ class ProducerFile:
         with self._lock:
             self._durable = max(self._durable, ticket)
 
-    def sync(self, ticket: int | None = None) -> None:
+    def sync(self, ticket: int | None = None, *, force: bool = False) -> None:
         """fdatasync unless the entries up to ``ticket`` (default: all written) are already
-        durable (any thread)."""
-        self._fdatasync(ticket)
-
-    def _fdatasync(self, ticket: int | None, *, force: bool = False) -> None:
-        """fdatasync the file unless ``ticket`` is covered (``force``: in any case): every
-        entry written and the reserve become durable."""
+        durable (``force``: in any case, for a new reserve); every entry written and the
+        reserve become durable (any thread)."""
         with self._sync_lock:
             with self._lock:
                 target = self.appended if ticket is None else ticket
