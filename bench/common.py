@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 STAMP = struct.Struct(">q")
 NS = 1_000_000_000
@@ -116,7 +116,10 @@ class Latency:
         }
 
 
-def percentile(sorted_values: Sequence[int], q: float) -> int:
+_N = TypeVar("_N", int, float)
+
+
+def percentile(sorted_values: Sequence[_N], q: float) -> _N:
     """Nearest-rank percentile (q in [0, 100]) of an ascending sequence; 0 if empty."""
     if not sorted_values:
         return 0

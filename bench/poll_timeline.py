@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import text_table  # noqa: E402
+from bench.common import percentile, text_table  # noqa: E402
 from pymetaq.client import Producer  # noqa: E402
 from pymetaq.client.consumer import Consumer, TopicPartition  # noqa: E402
 from pymetaq.client.consumer import engine as engine_mod  # noqa: E402
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in PHASES:
         values = sorted(phases[name])
-        med, p90 = statistics.median(values), values[int(0.9 * (len(values) - 1))]
+        med, p90 = statistics.median(values), percentile(values, 90)
         rows.append((name, f"{med * 1e6:,.0f}", f"{p90 * 1e6:,.0f}", f"{med / per_poll * 1e9:.0f}"))
         if args.json:
             row = {"phase": name, "median_us": round(med * 1e6), "p90_us": round(p90 * 1e6)}
