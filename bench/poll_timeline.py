@@ -77,11 +77,16 @@ def instrument(marks: Marks) -> None:
         return await poll(self, *args, **kwargs)
 
     async def timed_on_data(self: Any, *args: Any, **kwargs: Any) -> Any:
-        marks.once("parsed")
+        # only a reply handled after this poll reached the loop is this poll's (one handled
+        # in between - a read-ahead, under load - would give a negative receive phase)
+        mine = "loop" in marks.t
+        if mine:
+            marks.once("parsed")
         try:
             return await on_data(self, *args, **kwargs)
         finally:
-            marks.once("applied")
+            if mine:
+                marks.once("applied")
 
     def timed_received(self: Any, nbytes: int) -> None:
         if "loop" in marks.t:
@@ -136,8 +141,11 @@ def run(port: int, total: int, mode: str) -> tuple[dict[str, list[float]], list[
             t = marks.t
             if not k or not all(x in t for x in ("loop", "parsed", "applied")):
                 continue
-            # no read after the loop turn began: the reply had already been received
+            # no read after the loop turn began, or the first one after it was already the
+            # next reply's (read ahead): this reply had been received before the poll
             data = t.get("data", t["loop"])
+            if data > t["parsed"]:
+                data = t["loop"]
             steps = (t0, t["loop"], data, t["parsed"], t["applied"], t1)
             for name, (a, b) in zip(PHASES, itertools.pairwise(steps)):
                 phases[name].append(b - a)
