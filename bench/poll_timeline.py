@@ -141,6 +141,8 @@ def run(port: int, total: int, mode: str) -> tuple[dict[str, list[float]], list[
             t = marks.t
             if not k or not all(x in t for x in ("loop", "parsed", "applied")):
                 continue
+            if t["applied"] > t1:  # the next reply's, read ahead: this poll was the buffer's
+                continue
             # no read after the loop turn began, or the first one after it was already the
             # next reply's (read ahead): this reply had been received before the poll
             data = t.get("data", t["loop"])
