@@ -30,6 +30,29 @@
  *       A long reply body received in place (recv_into a memoryview of it), then take()n as
  *       bytes without a copy. Python: protocol.parser's bytearray and bytes() of it.
  *
+ *   lane_callback_method(handle_type) -> method descriptor
+ *       LaneHandle.add_done_callback(fn) (lanes.py: the reference, kept as
+ *       LaneHandle.py_add_done_callback): a value not absorbed yet keeps (index, fn, handle)
+ *       on its lane under the accumulator's lock (Accumulator.lane_callback), an absorbed
+ *       one gives fn to its batch (Batch.add_callback).
+ *
+ *   lane_exception_method(handle_type, fallback) -> method descriptor
+ *       LaneHandle.exception(timeout=None) (lanes.py: the reference, kept as
+ *       LaneHandle.py_exception): the error of the batch of an absorbed value whose
+ *       callbacks have run (batch.callbacks is None: its outcome is final); anything else is
+ *       fallback(handle, *args, **kwargs) (SendHandle.exception: waits, raises on timeout).
+ *
+ *   attach(callbacks, n, starts, slices) -> list
+ *       Accumulator._attach's walk: each (index, fn, handle) of the flat callbacks with
+ *       index < n goes to the callbacks of the batch of the slice that holds the index
+ *       (slices[bisect_right(starts, index) - 1].batch.callbacks += (fn, handle)); the others
+ *       are returned, flat, in order.
+ *
+ *   run_callbacks(callbacks, no_arg, report)
+ *       Batch.complete's loop over the flat pairs fn, arg: fn() when arg is no_arg, else
+ *       fn(arg); an Exception raised by one is handed to report(fn, exc) and the loop goes
+ *       on; anything else (KeyboardInterrupt, SystemExit) propagates at once.
+ *
  * Thread-safety: the GIL is held throughout; nothing here keeps state between calls except
  * the LaneSender's references (set once).
  */
@@ -949,6 +972,346 @@ static PyTypeObject BodyBufferType = {
     .tp_methods = body_buffer_methods,
 };
 
+/* ---------------------------------------------------------------- completion callbacks */
+
+static PyObject *str_absorbed, *str_acc, *str_lock, *str_callbacks, *str_locate;
+static PyObject *str_add_callback, *str_acquire, *str_release, *str_batch;
+static PyObject *str_starts, *str_slices, *str_error;
+
+/* obj.name as a Py_ssize_t: 0, or -1 with an exception set */
+static int
+ssize_attr(PyObject *obj, PyObject *name, Py_ssize_t *out)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* bisect_right(starts, index) - 1 over a list of ints: the slice holding index, or -1 */
+static Py_ssize_t
+slice_of(PyObject *starts, Py_ssize_t index)
+{
+    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(starts);
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        Py_ssize_t v = PyLong_AsSsize_t(PyList_GET_ITEM(starts, mid));
+        if (v == -1 && PyErr_Occurred())
+            return -2;
+        if (index < v)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo - 1;
+}
+
+/* slices[k].batch.callbacks (new reference), a list */
+static PyObject *
+batch_callbacks(PyObject *slices, Py_ssize_t k)
+{
+    PyObject *batch = PyObject_GetAttr(PyList_GET_ITEM(slices, k), str_batch);
+    if (batch == NULL)
+        return NULL;
+    PyObject *cbs = PyObject_GetAttr(batch, str_callbacks);
+    Py_DECREF(batch);
+    if (cbs != NULL && !PyList_Check(cbs)) {
+        PyErr_SetString(PyExc_RuntimeError, "attach(): a batch of the lane has completed");
+        Py_CLEAR(cbs);
+    }
+    return cbs;
+}
+
+static PyObject *
+speedups_attach(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) ||
+        !PyList_Check(args[2]) || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "attach(callbacks: list, n: int, starts: list, "
+                                         "slices: list)");
+        return NULL;
+    }
+    PyObject *cbs = args[0], *starts = args[2], *slices = args[3];
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (PyList_GET_SIZE(cbs) % 3 || PyList_GET_SIZE(starts) != PyList_GET_SIZE(slices)) {
+        PyErr_SetString(PyExc_ValueError, "attach(): callbacks are not triples, or starts "
+                                          "and slices differ in length");
+        return NULL;
+    }
+    PyObject *keep = PyList_New(0);
+    if (keep == NULL)
+        return NULL;
+    Py_ssize_t last = -1;
+    PyObject *target = NULL; /* the callbacks of slice `last` */
+    for (Py_ssize_t i = 0; i + 2 < PyList_GET_SIZE(cbs); i += 3) {
+        PyObject *idx = PyList_GET_ITEM(cbs, i);
+        PyObject *fn = PyList_GET_ITEM(cbs, i + 1);
+        PyObject *handle = PyList_GET_ITEM(cbs, i + 2);
+        Py_ssize_t index = PyLong_AsSsize_t(idx);
+        if (index == -1 && PyErr_Occurred())
+            goto fail;
+        if (index >= n) {
+            if (PyList_Append(keep, idx) < 0 || PyList_Append(keep, fn) < 0 ||
+                PyList_Append(keep, handle) < 0)
+                goto fail;
+            continue;
+        }
+        Py_ssize_t k = slice_of(starts, index);
+        if (k == -2)
+            goto fail;
+        if (k < 0) {
+            PyErr_Format(PyExc_ValueError, "attach(): no slice holds index %zd", index);
+            goto fail;
+        }
+        if (k != last) {
+            Py_XDECREF(target);
+            target = batch_callbacks(slices, k);
+            if (target == NULL)
+                goto fail;
+            last = k;
+        }
+        if (PyList_Append(target, fn) < 0 || PyList_Append(target, handle) < 0)
+            goto fail;
+    }
+    Py_XDECREF(target);
+    return keep;
+fail:
+    Py_XDECREF(target);
+    Py_DECREF(keep);
+    return NULL;
+}
+
+static PyObject *
+speedups_run_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "run_callbacks(callbacks: list, no_arg, report)");
+        return NULL;
+    }
+    PyObject *cbs = Py_NewRef(args[0]), *no_arg = args[1], *report = args[2];
+    /* pairs read by index: a callback that appends to the list is not run (as zip over a
+     * list iterator would run it: the list is the batch's, already detached, so nobody can) */
+    for (Py_ssize_t i = 0; i + 1 < PyList_GET_SIZE(cbs); i += 2) {
+        PyObject *fn = Py_NewRef(PyList_GET_ITEM(cbs, i));
+        PyObject *arg = Py_NewRef(PyList_GET_ITEM(cbs, i + 1));
+        PyObject *r = arg == no_arg ? PyObject_CallNoArgs(fn) : PyObject_CallOneArg(fn, arg);
+        Py_DECREF(arg);
+        if (r != NULL) {
+            Py_DECREF(r);
+            Py_DECREF(fn);
+            continue;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            Py_DECREF(fn);
+            Py_DECREF(cbs);
+            return NULL;
+        }
+        PyObject *et, *exc, *tb;
+        PyErr_Fetch(&et, &exc, &tb);
+        PyErr_NormalizeException(&et, &exc, &tb);
+        if (tb != NULL && exc != NULL)
+            PyException_SetTraceback(exc, tb);
+        Py_XDECREF(et);
+        Py_XDECREF(tb);
+        if (exc == NULL) /* cannot happen after a failed call; keep the loop honest */
+            exc = Py_NewRef(Py_None);
+        PyObject *rr = PyObject_CallFunctionObjArgs(report, fn, exc, NULL);
+        Py_DECREF(exc);
+        Py_DECREF(fn);
+        if (rr == NULL) {
+            Py_DECREF(cbs);
+            return NULL;
+        }
+        Py_DECREF(rr);
+    }
+    Py_DECREF(cbs);
+    Py_RETURN_NONE;
+}
+
+/* LaneHandle.add_done_callback(fn): see the module doc */
+static PyObject *
+lane_handle_add_done_callback(PyObject *self, PyObject *fn)
+{
+    if (!PyTuple_Check(self) || PyTuple_GET_SIZE(self) != 2) {
+        PyErr_SetString(PyExc_TypeError, "add_done_callback(): not a lane handle");
+        return NULL;
+    }
+    PyObject *lane = PyTuple_GET_ITEM(self, 0), *idx = PyTuple_GET_ITEM(self, 1);
+    Py_ssize_t index = PyLong_AsSsize_t(idx), a;
+    if ((index == -1 && PyErr_Occurred()) || ssize_attr(lane, str_absorbed, &a) < 0)
+        return NULL;
+    if (index >= a) { /* Accumulator.lane_callback: checked again under its lock */
+        PyObject *acc = PyObject_GetAttr(lane, str_acc);
+        if (acc == NULL)
+            return NULL;
+        PyObject *lock = PyObject_GetAttr(acc, str_lock);
+        Py_DECREF(acc);
+        if (lock == NULL)
+            return NULL;
+        PyObject *r = PyObject_CallMethodNoArgs(lock, str_acquire);
+        if (r == NULL) {
+            Py_DECREF(lock);
+            return NULL;
+        }
+        Py_DECREF(r);
+        int kept = 0; /* 1 kept on the lane, 0 absorbed meanwhile, -1 error */
+        if (ssize_attr(lane, str_absorbed, &a) < 0)
+            kept = -1;
+        else if (index >= a) {
+            PyObject *cbs = PyObject_GetAttr(lane, str_callbacks);
+            if (cbs == NULL)
+                kept = -1;
+            else if (!PyList_Check(cbs)) {
+                PyErr_SetString(PyExc_TypeError, "lane.callbacks is not a list");
+                kept = -1;
+            } else
+                kept = PyList_Append(cbs, idx) < 0 || PyList_Append(cbs, fn) < 0 ||
+                               PyList_Append(cbs, self) < 0
+                           ? -1
+                           : 1;
+            Py_XDECREF(cbs);
+        }
+        /* release even when an error is set: keep it across the call */
+        PyObject *et = NULL, *ev = NULL, *etb = NULL;
+        if (kept < 0)
+            PyErr_Fetch(&et, &ev, &etb);
+        r = PyObject_CallMethodNoArgs(lock, str_release);
+        Py_DECREF(lock);
+        if (r == NULL) {
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(etb);
+            return NULL;
+        }
+        Py_DECREF(r);
+        if (kept < 0) {
+            PyErr_Restore(et, ev, etb);
+            return NULL;
+        }
+        if (kept)
+            Py_RETURN_NONE;
+    }
+    PyObject *where = PyObject_CallMethodOneArg(lane, str_locate, idx);
+    if (where == NULL)
+        return NULL;
+    if (!PyTuple_Check(where) || PyTuple_GET_SIZE(where) < 1) {
+        Py_DECREF(where);
+        PyErr_SetString(PyExc_TypeError, "lane.locate() did not return a tuple");
+        return NULL;
+    }
+    PyObject *r = PyObject_CallMethodObjArgs(PyTuple_GET_ITEM(where, 0), str_add_callback, fn,
+                                             self, NULL);
+    Py_DECREF(where);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+/* SendHandle.exception, for what is not settled here (set by lane_exception_method) */
+static PyObject *exception_fallback;
+
+/* LaneHandle.exception(timeout=None): see the module doc */
+static PyObject *
+lane_handle_exception(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (PyTuple_Check(self) && PyTuple_GET_SIZE(self) == 2) {
+        PyObject *lane = PyTuple_GET_ITEM(self, 0);
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(self, 1)), a;
+        if ((index == -1 && PyErr_Occurred()) || ssize_attr(lane, str_absorbed, &a) < 0)
+            return NULL;
+        if (index < a) {
+            PyObject *starts = PyObject_GetAttr(lane, str_starts);
+            PyObject *slices = starts != NULL ? PyObject_GetAttr(lane, str_slices) : NULL;
+            PyObject *batch = NULL;
+            if (slices != NULL && PyList_Check(starts) && PyList_Check(slices) &&
+                PyList_GET_SIZE(starts) == PyList_GET_SIZE(slices)) {
+                Py_ssize_t k = slice_of(starts, index);
+                if (k >= 0)
+                    batch = PyObject_GetAttr(PyList_GET_ITEM(slices, k), str_batch);
+            }
+            Py_XDECREF(starts);
+            Py_XDECREF(slices);
+            if (PyErr_Occurred()) {
+                Py_XDECREF(batch);
+                return NULL;
+            }
+            if (batch != NULL) {
+                PyObject *cbs = PyObject_GetAttr(batch, str_callbacks);
+                if (cbs == NULL) {
+                    Py_DECREF(batch);
+                    return NULL;
+                }
+                int settled = cbs == Py_None;
+                Py_DECREF(cbs);
+                if (settled) { /* completed: its error is final */
+                    PyObject *err = PyObject_GetAttr(batch, str_error);
+                    Py_DECREF(batch);
+                    return err;
+                }
+                Py_DECREF(batch);
+            }
+        }
+    }
+    if (exception_fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "exception(): no fallback set");
+        return NULL;
+    }
+    /* fallback(self, *args, **kwargs) */
+    PyObject *small[8];
+    PyObject **all = small;
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw + 1 > 8) {
+        all = PyMem_Malloc((nargs + nkw + 1) * sizeof(PyObject *));
+        if (all == NULL)
+            return PyErr_NoMemory();
+    }
+    all[0] = self;
+    for (Py_ssize_t i = 0; i < nargs + nkw; i++)
+        all[i + 1] = args[i];
+    PyObject *r = PyObject_Vectorcall(exception_fallback, all, nargs + 1, kwnames);
+    if (all != small)
+        PyMem_Free(all);
+    return r;
+}
+
+static PyMethodDef lane_handle_exception_def = {
+    "exception", (PyCFunction)(void (*)(void))lane_handle_exception,
+    METH_FASTCALL | METH_KEYWORDS,
+    "the error of the message's completed batch (None: stored), else SendHandle.exception"};
+
+static PyObject *
+speedups_lane_exception_method(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyType_Check(args[0]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "lane_exception_method(handle_type: tuple subclass, fallback)");
+        return NULL;
+    }
+    Py_XSETREF(exception_fallback, Py_NewRef(args[1]));
+    return PyDescr_NewMethod((PyTypeObject *)args[0], &lane_handle_exception_def);
+}
+
+static PyMethodDef lane_handle_add_done_callback_def = {
+    "add_done_callback", (PyCFunction)lane_handle_add_done_callback, METH_O,
+    "fn(handle) once acknowledged or failed (on the producer's I/O thread)"};
+
+static PyObject *
+speedups_lane_callback_method(PyObject *module, PyObject *type)
+{
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "lane_callback_method(): a tuple subclass is needed");
+        return NULL;
+    }
+    return PyDescr_NewMethod((PyTypeObject *)type, &lane_handle_add_done_callback_def);
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef speedups_methods[] = {
@@ -959,6 +1322,14 @@ static PyMethodDef speedups_methods[] = {
      "iterator"},
     {"record_values", (PyCFunction)(void (*)(void))speedups_record_values, METH_FASTCALL,
      "record_values(buf, positions, lo, hi) -> list of payloads"},
+    {"attach", (PyCFunction)(void (*)(void))speedups_attach, METH_FASTCALL,
+     "attach(callbacks, n, starts, slices) -> the callbacks not attached"},
+    {"run_callbacks", (PyCFunction)(void (*)(void))speedups_run_callbacks, METH_FASTCALL,
+     "run_callbacks(callbacks, no_arg, report): Batch.complete's loop"},
+    {"lane_callback_method", (PyCFunction)speedups_lane_callback_method, METH_O,
+     "lane_callback_method(handle_type) -> LaneHandle.add_done_callback in C"},
+    {"lane_exception_method", (PyCFunction)(void (*)(void))speedups_lane_exception_method,
+     METH_FASTCALL, "lane_exception_method(handle_type, fallback) -> LaneHandle.exception in C"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -980,6 +1351,18 @@ PyInit__speedups(void)
     INTERN(str_attend, "attend");
     INTERN(str_pinned, "pinned");
     INTERN(str_partition, "partition");
+    INTERN(str_absorbed, "absorbed");
+    INTERN(str_acc, "acc");
+    INTERN(str_lock, "_lock");
+    INTERN(str_callbacks, "callbacks");
+    INTERN(str_locate, "locate");
+    INTERN(str_add_callback, "add_callback");
+    INTERN(str_acquire, "acquire");
+    INTERN(str_release, "release");
+    INTERN(str_batch, "batch");
+    INTERN(str_starts, "starts");
+    INTERN(str_slices, "slices");
+    INTERN(str_error, "error");
 #undef INTERN
     if (PyType_Ready(&LaneSenderType) < 0 || PyType_Ready(&MessageIterType) < 0 ||
         PyType_Ready(&BodyBufferType) < 0)

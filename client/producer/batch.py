@@ -38,6 +38,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from pymetaq.client.errors import MetaClientError
+from pymetaq.client.speedups import speedups
 from pymetaq.client.types import SendResult, TopicPartition
 from pymetaq.storage.record import HEADER_SIZE
 
@@ -51,6 +52,16 @@ NO_ARG: Any = object()
 
 def _call(fn: Callable[..., object], arg: Any) -> None:
     fn() if arg is NO_ARG else fn(arg)
+
+
+def _report(fn: Callable[..., object], exc: BaseException) -> None:
+    """A send callback raised (the C loop's report): logged, as the Python loop does."""
+    log.error("send callback %r raised", fn, exc_info=exc)
+
+
+_run_callbacks: Callable[[list[Any], Any, Callable[..., None]], None] | None = (
+    speedups.run_callbacks if speedups is not None else None
+)
 
 
 class Batch:
@@ -127,6 +138,9 @@ class Batch:
         with _CALLBACKS_LOCK:
             callbacks, self.callbacks = self.callbacks, None
         if not callbacks:
+            return
+        if _run_callbacks is not None:  # the same loop in C (client/_speedups.c)
+            _run_callbacks(callbacks, NO_ARG, _report)
             return
         pairs = iter(callbacks)
         for fn, arg in zip(pairs, pairs):

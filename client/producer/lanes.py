@@ -39,6 +39,7 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, cast
 
+from pymetaq.client.errors import MetaClientError
 from pymetaq.client.producer.batch import Batch, BatchSlice, SendHandle
 from pymetaq.client.speedups import speedups
 from pymetaq.client.types import TopicPartition
@@ -134,12 +135,30 @@ class LaneHandle(tuple, SendHandle):  # type: ignore[type-arg]
         return lane.locate(index)[0].fut.done()
 
     def add_done_callback(self, fn: Callable[[SendHandle], object]) -> None:
-        """``fn(handle)`` once acknowledged or failed (on the producer's I/O thread)."""
+        """``fn(handle)`` once acknowledged or failed (on the producer's I/O thread).
+
+        The reference: with the C accelerator this method is its ``lane_callback_method``
+        (same steps; this one stays as ``py_add_done_callback``)."""
         lane: Lane = self[0]
         index: int = self[1]
         if index >= lane.absorbed and lane.acc.lane_callback(lane, index, fn, self):
             return
         lane.locate(index)[0].add_callback(fn, self)
+
+    py_add_done_callback = add_done_callback
+
+    def exception(self, timeout: float | None = None) -> MetaClientError | None:
+        """As :meth:`SendHandle.exception`; a completed batch's outcome is read at once (its
+        callback list is gone only after its future completed, so ``error`` is final)."""
+        lane: Lane = self[0]
+        index: int = self[1]
+        if index < lane.absorbed:
+            b = lane.locate(index)[0]
+            if b.callbacks is None:
+                return b.error
+        return SendHandle.exception(self, timeout)
+
+    py_exception = exception
 
     def __repr__(self) -> str:
         return f"<SendHandle {self[0].tp} #{self[1]}>"
@@ -148,6 +167,13 @@ class LaneHandle(tuple, SendHandle):  # type: ignore[type-arg]
     __eq__ = object.__eq__
     __ne__ = object.__ne__
     __hash__ = object.__hash__
+
+
+if speedups is not None:  # the same steps in C (client/_speedups.c: lane_callback_method)
+    LaneHandle.add_done_callback = speedups.lane_callback_method(LaneHandle)  # type: ignore[method-assign]
+    LaneHandle.exception = speedups.lane_exception_method(  # type: ignore[method-assign]
+        LaneHandle, SendHandle.exception
+    )
 
 
 def lane_sender(

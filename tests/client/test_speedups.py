@@ -253,6 +253,206 @@ def test_random_bursts_match(monkeypatch: pytest.MonkeyPatch) -> None:
     assert results[0] == results[1]
 
 
+# -- completion callbacks: add_done_callback, attach, run_callbacks, exception --------------
+
+
+def _use_c_callbacks(use_c: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways in one process: the C methods and loops, or the Python reference."""
+    from pymetaq.client.producer import accumulator as acc_mod
+    from pymetaq.client.producer import batch as pbatch
+    from pymetaq.client.producer.batch import SendHandle
+
+    assert C is not None
+    if use_c:
+        monkeypatch.setattr(LaneHandle, "add_done_callback", C.lane_callback_method(LaneHandle))
+        exc = C.lane_exception_method(LaneHandle, SendHandle.exception)
+        monkeypatch.setattr(LaneHandle, "exception", exc)
+    else:
+        monkeypatch.setattr(LaneHandle, "add_done_callback", LaneHandle.py_add_done_callback)
+        monkeypatch.setattr(LaneHandle, "exception", LaneHandle.py_exception)
+    monkeypatch.setattr(acc_mod, "speedups", C if use_c else None)
+    monkeypatch.setattr(pbatch, "_run_callbacks", C.run_callbacks if use_c else None)
+
+
+def _callback_script(rng: random.Random, n: int) -> list[tuple[Any, ...]]:
+    ops: list[tuple[Any, ...]] = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.45:
+            ops.append(("send", rng.randrange(2)))
+        elif r < 0.75:
+            ops.append(("cb", rng.randrange(1 << 30), rng.random() < 0.05))
+        elif r < 0.82:
+            ops.append(("drain",))
+        elif r < 0.92:
+            ops.append(("complete", rng.randrange(1 << 30), rng.random() < 0.3))
+        else:
+            ops.append(("exc", rng.randrange(1 << 30)))
+    return ops
+
+
+def _run_callbacks_script(ops: list[tuple[Any, ...]], cap: int) -> list[Any]:
+    """A real accumulator, one thread: values sent as the lane closure sends them, callbacks
+    added to old and new handles, lanes absorbed into batches, batches completed (stored or
+    failed) in any order; the trace of every callback run and every exception() asked."""
+    from concurrent.futures import Future
+
+    from pymetaq.client.errors import BrokerError
+    from pymetaq.client.producer.accumulator import Accumulator
+
+    acc = Accumulator(
+        batch_messages=cap,
+        batch_bytes=1 << 20,
+        linger_s=0.0,
+        buffer_bytes=1 << 30,
+        future_factory=Future,
+        wake=lambda: None,
+    )
+    tps = [TopicPartition("t", 0, 0), TopicPartition("t", 0, 1)]
+    handles: list[Any] = []
+    flight: list[Any] = []
+    trace: list[Any] = []
+
+    def recorder(k: int, boom: bool) -> Any:
+        def fn(h: Any) -> None:
+            err = h.exception()
+            trace.append(("ran", k, None if err is None else str(err)))
+            if boom:
+                raise ValueError(f"callback {k}")
+
+        return fn
+
+    for op in ops:
+        kind = op[0]
+        if kind == "send":
+            tp = tps[op[1]]
+            lane = acc.lane_of.get(tp)
+            if lane is not None and not lane.closed and len(lane.values) < cap:
+                lane.values.append(b"v%d" % len(handles))
+                handles.append(LaneHandle((lane, len(lane.values) - 1)))
+            else:
+                handles.append(acc.lane_append(tp, b"v%d" % len(handles), None))
+        elif kind == "cb" and handles:
+            k = op[1] % len(handles)
+            try:  # a completed message's callback runs at once, raising to the caller
+                handles[k].add_done_callback(recorder(k, op[2]))
+            except ValueError as e:
+                trace.append(("raised", str(e)))
+        elif kind == "drain":
+            batches, _ = acc.drain_due(0.0, 1 << 20, 1 << 20)
+            flight += batches
+            trace.append(("drained", [b.count for b in batches]))
+        elif kind == "complete" and flight:
+            b = flight.pop(op[1] % len(flight))
+            b.error = BrokerError(500, "refused") if op[2] else None
+            b.first_id, b.offset = 1, 0
+            acc.finished(b)
+            b.complete()
+        elif kind == "exc" and handles:
+            k = op[1] % len(handles)
+            try:  # pending (not sent, or in flight): the reference waits, then times out
+                err = handles[k].exception(timeout=0)
+                trace.append(("exc", k, None if err is None else str(err)))
+            except TimeoutError:
+                trace.append(("exc", k, "pending"))
+    return trace
+
+
+@pytest.mark.parametrize("cap", [1, 3, 50])
+def test_callbacks_in_c_run_as_the_python_reference_runs_them(
+    cap: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every callback runs once, in the same order, seeing the same exception(), and a
+    callback that raises is logged and does not stop the others - with the C methods and
+    loops as with the Python reference."""
+    rng_seed = 20261129 + cap
+    print(f"seed {rng_seed}")
+    ops = _callback_script(random.Random(rng_seed), 4000)
+    traces = []
+    logged = []
+    for use_c in (False, True):
+        caplog.clear()
+        _use_c_callbacks(use_c, monkeypatch)
+        traces.append(_run_callbacks_script(ops, cap))
+        logged.append([r.getMessage() for r in caplog.records if "raised" in r.getMessage()])
+    assert traces[0] == traces[1]
+    ran = [t for t in traces[1] if t[0] == "ran"]
+    assert len(ran) > 200 and any(t[2] for t in ran) and any(t[2] is None for t in ran)
+    assert any(t[0] == "exc" and t[2] == "pending" for t in traces[1])
+    assert len(logged[1]) == len(logged[0]) > 0
+
+
+def test_attach_keeps_the_callbacks_of_values_appended_after_the_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A value the owner appended after the absorber read ``len(values)`` keeps its callback
+    on the lane (index >= n), in order; the others go to their slices' batches."""
+    from pymetaq.client.producer import accumulator as acc_mod
+
+    def lane() -> Any:
+        b0, b1 = SimpleNamespace(callbacks=["x"]), SimpleNamespace(callbacks=[])
+        slices = [SimpleNamespace(batch=b0), SimpleNamespace(batch=b1)]
+        cbs = [7, "f7", "h7", 0, "f0", "h0", 4, "f4", "h4", 5, "f5", "h5", 2, "f2", "h2"]
+        return SimpleNamespace(callbacks=cbs, starts=[0, 3], slices=slices), b0, b1
+
+    out = []
+    for use_c in (False, True):
+        monkeypatch.setattr(acc_mod, "speedups", C if use_c else None)
+        ln, b0, b1 = lane()
+        acc_mod.Accumulator._attach(ln, 5)
+        out.append((ln.callbacks, b0.callbacks, b1.callbacks))
+    assert (
+        out[0]
+        == out[1]
+        == (
+            [7, "f7", "h7", 5, "f5", "h5"],
+            ["x", "f0", "h0", "f2", "h2"],
+            ["f4", "h4"],
+        )
+    )
+
+
+def test_run_callbacks_lets_what_is_not_an_exception_through() -> None:
+    """KeyboardInterrupt from a callback stops the loop (as ``except Exception`` lets it)."""
+    assert C is not None
+    seen: list[int] = []
+    no_arg = object()
+
+    def stop() -> None:
+        raise KeyboardInterrupt
+
+    cbs = [seen.append, 1, stop, no_arg, seen.append, 2]
+    with pytest.raises(KeyboardInterrupt):
+        C.run_callbacks(cbs, no_arg, lambda fn, exc: None)
+    assert seen == [1]
+    reported: list[Any] = []
+    C.run_callbacks(
+        [seen.append, 3, int, "x", seen.append, 4],
+        no_arg,
+        lambda fn, exc: reported.append((fn, type(exc))),
+    )
+    assert seen == [1, 3, 4] and reported == [(int, ValueError)]
+
+
+def test_callback_functions_refuse_bad_arguments() -> None:
+    assert C is not None
+    with pytest.raises(TypeError):
+        C.attach((), 0, [], [])
+    with pytest.raises(ValueError):
+        C.attach([0, print], 0, [], [])  # not triples
+    with pytest.raises(ValueError):
+        C.attach([0, print, None], 1, [], [])  # index 0 absorbed, but no slice holds it
+    with pytest.raises(TypeError):
+        C.run_callbacks((), None, None)
+    with pytest.raises(TypeError):
+        C.lane_callback_method(int)
+    with pytest.raises(TypeError):
+        C.lane_exception_method(LaneHandle, 3)
+    method = C.lane_callback_method(LaneHandle)
+    with pytest.raises(TypeError):
+        method(LaneHandle((1, 2, 3)), print)  # not (lane, index)
+
+
 # -- messages: a batch's Message objects --------------------------------------------------
 
 
