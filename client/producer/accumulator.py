@@ -320,7 +320,10 @@ class Accumulator:
                     if broker_inflight[tp.broker_id] >= max_in_flight:
                         break
                     b = q[0]
-                    if len(q) == 1 and b.open and not b.due and not flushing:
+                    # linger 0: due at once, also a batch this drain's absorb just created
+                    # (its ``created`` is after ``now``: it was armed a 0 s timer, and went
+                    # out one loop iteration later, on every round)
+                    if linger and len(q) == 1 and b.open and not b.due and not flushing:
                         due_at = b.created + linger
                         if now < due_at:
                             next_due = due_at if next_due is None else min(next_due, due_at)

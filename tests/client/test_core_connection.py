@@ -22,6 +22,7 @@ from pymetaq.client.errors import (
     UnknownTopicOrPartition,
 )
 from pymetaq.client.producer.accumulator import Accumulator
+from pymetaq.client.producer.lanes import LaneHandle
 from pymetaq.client.producer.partitioner import (
     OutgoingMessage,
     RoundRobin,
@@ -287,6 +288,27 @@ def test_accumulator_batches_per_partition_and_closes_full_batches() -> None:
     b.fut.set_result(None)
     r = hs[2].result(0)  # third message of partition 0 = index 1 in its batch
     assert (r.success, r.msg_id, r.offset) == (True, 101, 4000 + 22)
+
+
+def test_with_no_linger_a_lane_absorbed_by_the_drain_goes_out_in_that_drain() -> None:
+    """linger 0: the batch a drain builds from a lane is due in that drain, though it was
+    created after the drain's ``now`` (before: it waited for a 0 s timer, one loop
+    iteration, on every round of the per-message path)."""
+    acc, _ = _acc(linger_s=0.0)
+    tp = TopicPartition("t", 0, 0)
+    now = time.monotonic()
+    handles = [acc.lane_append(tp, b"v0", None)]
+    lane = acc.lane_of[tp]
+    lane.values.append(b"v1")  # as the owner's lock-free send does
+    handles.append(LaneHandle((lane, 1)))
+    due, next_due = acc.drain_due(now - 1.0, max_in_flight=5, part_limit=5)
+    assert [(b.tp, b.count) for b in due] == [(tp, 2)] and next_due is None
+    assert [h._where()[1] for h in handles] == [0, 1]
+    # with a linger, the same batch waits for it
+    acc, _ = _acc(linger_s=10.0)
+    acc.lane_append(tp, b"v0", None)
+    due, next_due = acc.drain_due(time.monotonic(), max_in_flight=5, part_limit=5)
+    assert due == [] and next_due is not None
 
 
 def test_accumulator_buffer_limit_blocks_then_times_out() -> None:
