@@ -191,8 +191,8 @@ class _Committer:
                 if self._idem_pos + len(_IDEM_ENTRY) > _IDEM_RESERVE:
                     self._idem_pos = 0
                 os.pwrite(self._idem, _IDEM_ENTRY, self._idem_pos)
-                # as the broker: both writes started, the entry's waited for, then the flush
-                start_writeback(self._idem, self._idem_pos, len(_IDEM_ENTRY))
+                # as the broker: the log's write started, the entry's written and waited
+                # for, then the flush
                 start_writeback(self._log, self._pos - len(data), len(data))
                 range_sync(self._idem, self._idem_pos, len(_IDEM_ENTRY))
                 self._idem_pos += len(_IDEM_ENTRY)

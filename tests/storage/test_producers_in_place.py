@@ -85,10 +85,6 @@ class Kernel:
         os.close(fd)
         del self.fds[fd]
 
-    def start_writeback(self, fd: int, offset: int, nbytes: int) -> None:
-        """Writes started, not waited for: nothing counts as on the device yet (the
-        adversary may still write the pages back at a power loss)."""
-
     def range_sync(self, fd: int, offset: int, nbytes: int) -> None:
         ino = self.fds[fd]
         for p in range(offset // PAGE, (offset + nbytes - 1) // PAGE + 1):
