@@ -261,8 +261,19 @@ _FILLERS: dict[int, bytes] = {}
 
 
 def stamped(scheduled_ns: int, msg_bytes: int) -> bytes:
-    """A payload of ``msg_bytes`` bytes whose first 8 carry ``scheduled_ns``."""
-    return STAMP.pack(scheduled_ns) + filler(msg_bytes)[STAMP.size : max(msg_bytes, STAMP.size)]
+    """A payload of ``msg_bytes`` bytes (at least 8) whose first 8 carry ``scheduled_ns``.
+
+    Runs once per message in every system's latency loop: the bytes after the stamp are
+    sliced from the filler once per size (before: on every call, about half of this
+    function's 1.1 us per message at 100k msgs/s in a py-spy profile of the client)."""
+    tail = _TAILS.get(msg_bytes)
+    if tail is None:
+        tail = _TAILS[msg_bytes] = filler(msg_bytes)[STAMP.size : max(msg_bytes, STAMP.size)]
+    return _pack_stamp(scheduled_ns) + tail
+
+
+_TAILS: dict[int, bytes] = {}
+_pack_stamp = STAMP.pack
 
 
 def stamp_of(payload: bytes) -> int:
