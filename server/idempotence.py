@@ -241,9 +241,14 @@ class PartitionProducers:
         return out[:most]
 
     def maybe_compact(self) -> None:
+        """Rewrite the file when it is over COMPACT_BYTES and four times the live entries
+        (runs after every acknowledged batch: the size is checked first, the entries are
+        counted - a walk over every producer - only past COMPACT_BYTES)."""
+        if self.file.size <= COMPACT_BYTES:
+            return
         live = sum(len(b) for b in self._producers.values())
         live += sum(len(e) for e in self._unchecked.values())
-        if self.file.size <= COMPACT_BYTES or self.file.size <= 4 * live * ENTRY_SIZE:
+        if self.file.size <= 4 * live * ENTRY_SIZE:
             return
         entries = [s.entry for b in self._producers.values() for s in b]
         entries += [e for es in self._unchecked.values() for e in es]
