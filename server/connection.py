@@ -284,15 +284,18 @@ class Connection(asyncio.Protocol):
             self._flush()
 
     # -- replies ----------------------------------------------------------------------------------
-    def reply(self, frame: bytes) -> None:
-        """Queue a complete reply frame; written at the end of this loop iteration."""
+    def reply(self, frame: bytes, *, caller_flushes: bool = False) -> None:
+        """Queue a complete reply frame; written at the end of this loop iteration, or by the
+        caller's :meth:`flush_replies` (``caller_flushes``: it promises one before it returns
+        to the loop, so no flush is scheduled - an empty loop iteration per acknowledged put
+        round, before)."""
         if self.closed:
             return
         if self._sender is not None or self._queue:  # (TLS: replies wait behind the queue)
             self._enqueue(frame)
             return
         self._out.append(frame)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not caller_flushes:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
@@ -301,8 +304,8 @@ class Connection(asyncio.Protocol):
         if self._out and self._sender is None:
             self._flush()
 
-    def result(self, code: int, body: bytes, opaque: int) -> None:
-        self.reply(result_frame(code, body, opaque))
+    def result(self, code: int, body: bytes, opaque: int, *, caller_flushes: bool = False) -> None:
+        self.reply(result_frame(code, body, opaque), caller_flushes=caller_flushes)
 
     def reply_region(
         self, plog: PartitionLog, offset: int, region: FileRegion, opaque: int

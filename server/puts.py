@@ -443,6 +443,8 @@ class Appender:
     def _acknowledge(
         self, plog: PartitionLog, stat: bool, waiters: Waiters, result: AppendResult
     ) -> None:
+        """Answer a durable append's waiters (their replies are written by :meth:`_drain`'s
+        ``flush_replies``, which runs after every completion)."""
         self.stats.counters["total_messages"] += result.count
         batch = isinstance(waiters, BatchWaiter)
         if stat:
@@ -454,24 +456,30 @@ class Appender:
             first = first or result.first_msg_id
             body = b"%d %d %d %d" % (first, partition, result.offset, result.count)
             conn.request_done()
-            conn.reply(result_frame(200, body, opaque))
+            conn.reply(result_frame(200, body, opaque), caller_flushes=True)
             if idem is not None:
                 for dup_conn, dup_opaque in idem.acknowledged():
                     dup_conn.request_done()
-                    dup_conn.reply(result_frame(200, body, dup_opaque))
+                    dup_conn.reply(result_frame(200, body, dup_opaque), caller_flushes=True)
                     dup_conn.flush_replies()
             return
         offset = result.offset
         if waiters and isinstance(waiters[0], SyncWaiter):
             for conn, opaque, size, msg_id in waiters:
                 conn.request_done()
-                conn.reply(result_frame(200, b"%d %d %d" % (msg_id, partition, offset), opaque))
+                conn.reply(
+                    result_frame(200, b"%d %d %d" % (msg_id, partition, offset), opaque),
+                    caller_flushes=True,
+                )
                 offset += size
             return
         msg_id = result.first_msg_id
         for conn, opaque, size in waiters:  # type: ignore[misc]
             conn.request_done()
-            conn.reply(result_frame(200, b"%d %d %d" % (msg_id, partition, offset), opaque))
+            conn.reply(
+                result_frame(200, b"%d %d %d" % (msg_id, partition, offset), opaque),
+                caller_flushes=True,
+            )
             msg_id += 1
             offset += size
 

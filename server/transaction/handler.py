@@ -100,7 +100,7 @@ class TxHandler:
     def _reply(conn: Connection, opaque: int) -> Callable[[int, bytes], None]:
         def reply(code: int, body: bytes) -> None:
             conn.request_done()
-            conn.result(code, body, opaque)
+            conn.result(code, body, opaque, caller_flushes=True)
             conn.flush_replies()
 
         return reply

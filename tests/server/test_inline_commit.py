@@ -22,8 +22,13 @@ from pymetaq.storage.record import encode_record
 
 
 class FakeConn:
+    """A connection whose replies count as written once flushed: a reply queued with
+    ``caller_flushes`` (no flush scheduled) reaches ``replies`` only through the
+    ``flush_replies`` the appender promised."""
+
     def __init__(self) -> None:
         self.replies: list[bytes] = []
+        self.unflushed: list[bytes] = []
         self.started = 0
         self.done = 0
 
@@ -33,11 +38,12 @@ class FakeConn:
     def request_done(self) -> None:
         self.done += 1
 
-    def reply(self, frame: bytes) -> None:
-        self.replies.append(frame)
+    def reply(self, frame: bytes, *, caller_flushes: bool = False) -> None:
+        (self.unflushed if caller_flushes else self.replies).append(frame)
 
     def flush_replies(self) -> None:
-        pass
+        self.replies += self.unflushed
+        self.unflushed.clear()
 
 
 def _store(path: Path) -> MessageStoreManager:
@@ -134,3 +140,27 @@ def test_threshold_appends_reach_readers_while_inline_fsyncs_are_backed_off(
     m._flusher.run_once(now=plog.last_sync)  # asked for it: the interval is a minute away
     assert plog.max_offset == plog.write_offset == 24
     m.close()
+
+
+def test_a_reply_the_caller_flushes_schedules_no_loop_turn() -> None:
+    """The acknowledgements of a put round are written by the appender's flush_replies; a
+    flush scheduled for them too ran as an empty loop iteration on every round."""
+    from types import SimpleNamespace
+
+    from pymetaq.client.protocol.parser import Limits
+    from pymetaq.server.connection import Connection
+
+    soon: list[Any] = []
+    written: list[bytes] = []
+    loop = SimpleNamespace(call_soon=lambda fn, *a: soon.append(fn))
+    conn = Connection(SimpleNamespace(loop=loop, limits=Limits()))  # type: ignore[arg-type]
+    conn.transport = SimpleNamespace(write=written.append)  # type: ignore[assignment]
+    conn.reply(b"a", caller_flushes=True)
+    conn.reply(b"b", caller_flushes=True)
+    assert soon == [] and written == []
+    conn.flush_replies()
+    assert written == [b"ab"]
+    conn.reply(b"c")  # any other reply: written at the end of this loop iteration
+    assert len(soon) == 1 and written == [b"ab"]
+    soon.pop()()
+    assert written == [b"ab", b"c"]
