@@ -147,7 +147,7 @@ def test_a_reply_the_caller_flushes_schedules_no_loop_turn() -> None:
     flush scheduled for them too ran as an empty loop iteration on every round."""
     from types import SimpleNamespace
 
-    from pymetaq.client.protocol.parser import Limits
+    from pymetaq.client.protocol import Limits
     from pymetaq.server.connection import Connection
 
     soon: list[Any] = []
