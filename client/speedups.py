@@ -1,6 +1,8 @@
 """The client's optional C accelerator, or None: ``pymetaq.client._speedups``
-(``client/_speedups.c``), the lane path of ``send_async(topic, value)``
-(:func:`pymetaq.client.producer.lanes.lane_sender`; figures in docs/benchmarks.md).
+(``client/_speedups.c``): the lane path of ``send_async(topic, value)``
+(:func:`pymetaq.client.producer.lanes.lane_sender`), the send callbacks (a lane handle's
+``add_done_callback`` and ``exception``, a batch's callback loop), and the consumer's
+``Message`` building; figures in docs/benchmarks.md.
 
 Optional at build time and switched off by ``PYMETAQ_NO_EXTENSIONS=1``, as the record
 format's accelerator (:mod:`pymetaq.storage.speedups`, which says how both are chosen).
