@@ -1024,6 +1024,37 @@ batch_callbacks(PyObject *slices, Py_ssize_t k)
     return cbs;
 }
 
+/* one (idx, fn, handle) of attach(): kept (index >= n) or filed in its slice's batch, whose
+ * callbacks list is cached in *target for slice *last; 0, or -1 with an exception set */
+static int
+attach_one(PyObject *keep, PyObject **target, Py_ssize_t *last, PyObject *starts,
+           PyObject *slices, Py_ssize_t n, PyObject *idx, PyObject *fn, PyObject *handle)
+{
+    Py_ssize_t index = PyLong_AsSsize_t(idx);
+    if (index == -1 && PyErr_Occurred())
+        return -1;
+    if (index >= n)
+        return PyList_Append(keep, idx) < 0 || PyList_Append(keep, fn) < 0 ||
+                       PyList_Append(keep, handle) < 0
+                   ? -1
+                   : 0;
+    Py_ssize_t k = slice_of(starts, index);
+    if (k == -2)
+        return -1;
+    if (k < 0) {
+        PyErr_Format(PyExc_ValueError, "attach(): no slice holds index %zd", index);
+        return -1;
+    }
+    if (k != *last) {
+        Py_XDECREF(*target);
+        *target = batch_callbacks(slices, k);
+        if (*target == NULL)
+            return -1;
+        *last = k;
+    }
+    return PyList_Append(*target, fn) < 0 || PyList_Append(*target, handle) < 0 ? -1 : 0;
+}
+
 static PyObject *
 speedups_attach(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1047,42 +1078,24 @@ speedups_attach(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     Py_ssize_t last = -1;
     PyObject *target = NULL; /* the callbacks of slice `last` */
+    /* the list is read by index, its size each time, each triple held while it is filed:
+     * nothing here runs Python code that could change it, but a list is not ours to trust */
     for (Py_ssize_t i = 0; i + 2 < PyList_GET_SIZE(cbs); i += 3) {
-        PyObject *idx = PyList_GET_ITEM(cbs, i);
-        PyObject *fn = PyList_GET_ITEM(cbs, i + 1);
-        PyObject *handle = PyList_GET_ITEM(cbs, i + 2);
-        Py_ssize_t index = PyLong_AsSsize_t(idx);
-        if (index == -1 && PyErr_Occurred())
-            goto fail;
-        if (index >= n) {
-            if (PyList_Append(keep, idx) < 0 || PyList_Append(keep, fn) < 0 ||
-                PyList_Append(keep, handle) < 0)
-                goto fail;
-            continue;
-        }
-        Py_ssize_t k = slice_of(starts, index);
-        if (k == -2)
-            goto fail;
-        if (k < 0) {
-            PyErr_Format(PyExc_ValueError, "attach(): no slice holds index %zd", index);
-            goto fail;
-        }
-        if (k != last) {
+        PyObject *idx = Py_NewRef(PyList_GET_ITEM(cbs, i));
+        PyObject *fn = Py_NewRef(PyList_GET_ITEM(cbs, i + 1));
+        PyObject *handle = Py_NewRef(PyList_GET_ITEM(cbs, i + 2));
+        int ok = attach_one(keep, &target, &last, starts, slices, n, idx, fn, handle);
+        Py_DECREF(idx);
+        Py_DECREF(fn);
+        Py_DECREF(handle);
+        if (ok < 0) {
             Py_XDECREF(target);
-            target = batch_callbacks(slices, k);
-            if (target == NULL)
-                goto fail;
-            last = k;
+            Py_DECREF(keep);
+            return NULL;
         }
-        if (PyList_Append(target, fn) < 0 || PyList_Append(target, handle) < 0)
-            goto fail;
     }
     Py_XDECREF(target);
     return keep;
-fail:
-    Py_XDECREF(target);
-    Py_DECREF(keep);
-    return NULL;
 }
 
 static PyObject *
@@ -1093,8 +1106,8 @@ speedups_run_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     PyObject *cbs = Py_NewRef(args[0]), *no_arg = args[1], *report = args[2];
-    /* pairs read by index: a callback that appends to the list is not run (as zip over a
-     * list iterator would run it: the list is the batch's, already detached, so nobody can) */
+    /* pairs read by index, the size each time, as the Python loop's iterator reads the list
+     * (it is the batch's, already detached: nobody appends to it); each pair held while it runs */
     for (Py_ssize_t i = 0; i + 1 < PyList_GET_SIZE(cbs); i += 2) {
         PyObject *fn = Py_NewRef(PyList_GET_ITEM(cbs, i));
         PyObject *arg = Py_NewRef(PyList_GET_ITEM(cbs, i + 1));
