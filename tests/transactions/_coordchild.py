@@ -23,6 +23,14 @@ from pymetaq.client import Producer
 from pymetaq.client.transaction import Coordinator
 
 
+def say(*words: object) -> None:
+    """One line for the test, written with one ``write``: the test kills this process at any
+    moment, and ``print`` writes each word separately when stdout is unbuffered
+    (``PYTHONUNBUFFERED=1``), so a kill between them left a bare ``done`` line behind."""
+    sys.stdout.write(" ".join(map(str, words)) + "\n")
+    sys.stdout.flush()
+
+
 def main(spec: dict[str, object]) -> int:
     victim = spec.get("victim")
     step = spec.get("step")
@@ -40,20 +48,20 @@ def main(spec: dict[str, object]) -> int:
         "crash-1", str(spec["log"]), producer, engine, timeout_s=10, on_step=on_step
     )
     report = coordinator.last_recovery
-    print("recovered", json.dumps(dataclasses.asdict(report) if report else {}), flush=True)
+    say("recovered", json.dumps(dataclasses.asdict(report) if report else {}))
     sys.stdin.readline()
     plan = spec["plan"]
     assert isinstance(plan, list)
     for oid, k in plan:
         current[0] = oid
-        print("begin", oid, flush=True)
+        say("begin", oid)
         with coordinator.transaction() as g:
             g.connection.execute(orders.insert().values(id=oid))
             for i in range(k):
                 producer.send("orders", b"order-%d#%d" % (oid, i), partition=i % 2)
                 if i == 0:
                     on_step("mid-body")
-        print("done", oid, g.outcome, flush=True)
+        say("done", oid, g.outcome)
     coordinator.close()
     producer.close()
     engine.dispose()
