@@ -143,6 +143,8 @@ def run(port: int, total: int, mode: str) -> tuple[dict[str, list[float]], list[
                 continue
             if t["applied"] > t1:  # the next reply's, read ahead: this poll was the buffer's
                 continue
+            if t["loop"] < t0:  # set by an earlier poll's coroutine (one that timed out on
+                continue  # the caller's side) after the marks were cleared: not this poll's
             # no read after the loop turn began, or the first one after it was already the
             # next reply's (read ahead): this reply had been received before the poll
             data = t.get("data", t["loop"])
