@@ -165,11 +165,32 @@ class History:
     spans: dict[str, list[tuple[float, float, str]]] = field(default_factory=dict)
 
 
+def _explained(
+    prev: Delivery,
+    again: Delivery,
+    troubles: list[float],
+    periods: list[tuple[str, float, float]],
+) -> bool:
+    """Is delivering ``prev`` again (``again``) explained by ``prev``'s member losing (or
+    perhaps losing) its session? Yes when the trouble came between the two deliveries, or
+    earlier in the period in which the member held the partition and delivered ``prev``: the
+    fence a suspension sets cannot be atomic with a worker that just checked it, so one
+    delivery may begin after the suspension, before the ``lost`` that ends the period
+    (:meth:`ConsumerMember.periods`), and its offset is never committed."""
+    if any(prev.t0 <= t <= again.t0 for t in troubles):
+        return True
+    for part, start, end in periods:
+        if part == prev.part and start <= prev.t0 <= end:
+            return any(start <= t <= prev.t0 for t in troubles)
+    return False
+
+
 def check_history(members: list[ConsumerMember], acked: dict[int, tuple[str, int]]) -> History:
     h = History()
     spans: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     everything: list[Delivery] = []
     troubles: dict[str, list[float]] = {}
+    member_periods: dict[str, list[tuple[str, float, float]]] = {}
     for m in members:
         events = m.events()
         ds = m.deliveries(events)
@@ -178,7 +199,7 @@ def check_history(members: list[ConsumerMember], acked: dict[int, tuple[str, int
         by_part: dict[str, list[Delivery]] = defaultdict(list)
         for d in ds:
             by_part[d.part].append(d)
-        periods = m.periods(events)
+        periods = member_periods[m.cid] = m.periods(events)
         for d in ds:
             if not any(p == d.part and t0 <= d.t0 <= t1 for p, t0, t1 in periods):
                 h.outside.append(f"{m.cid} delivered {d.part}@{d.offset} at {d.t0:.3f}")
@@ -206,7 +227,7 @@ def check_history(members: list[ConsumerMember], acked: dict[int, tuple[str, int
             first[key] = d
             continue
         h.duplicates += 1
-        if not any(prev.t0 <= t <= d.t0 for t in troubles[prev.member]):
+        if not _explained(prev, d, troubles[prev.member], member_periods.get(prev.member, [])):
             h.unexplained.append(
                 f"{d.part}@{d.offset}: {prev.member} at {prev.t0:.3f}, again {d.member} at "
                 f"{d.t0:.3f}"
