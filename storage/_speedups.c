@@ -18,7 +18,24 @@
  *       The index of the first of n records of stride bytes at the start of buf whose stored
  *       CRC (bytes 4..7, big-endian) is not CRC32(bytes 20..stride) & 0x7FFFFFFF; -1: none.
  *       The caller has checked that n * stride <= len(buf) and stride >= 20.
- *       Python: storage.batch._check_uniform's loop. Releases the GIL while it runs.
+ *       Python: storage.batch._check_uniform. The consumer's scan uses it. Releases the GIL.
+ *
+ *   uniform_scan(buf, max_data, max_records) -> (code, stride, n, index)
+ *       The broker's checks of a uniform batch (storage.batch.stamp_batch's uniform branch,
+ *       in its order): every record of buf has the first record's length (the length fields
+ *       equal, that length < 2^31, n = len(buf) / stride records exactly), then that length
+ *       is <= max_data (-1: no limit), then n <= max_records, then every stored CRC matches,
+ *       then whether any record has a flag. code: 0 all checks passed, no flags; 1 not
+ *       uniform (nothing else checked; stride and n are 0); 2 a record longer than max_data;
+ *       3 more than max_records records; 4 the CRC of record index does not match; 5 all
+ *       checks passed and some record has a flag (the caller checks the flags). Releases the
+ *       GIL while the CRCs of a batch of 64 KiB or more are computed.
+ *       Python: storage.batch._uniform, _check_count, _check_uniform.
+ *
+ *   stamp_uniform(buf, stride, n, first_id) -> None
+ *       Writes ids first_id, first_id + 1, ... (big-endian int64) at byte 8 of each of the n
+ *       records of stride bytes at the start of buf (a writable buffer).
+ *       Python: storage.batch._stamp_uniform.
  *
  *   index_records(buf, max_record, verify) -> (positions, status)
  *       Walks the complete plain records at the start of buf, as the consumer's scan does
@@ -265,6 +282,47 @@ get_be32(const unsigned char *p)
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
+/* The index of the first of n records of stride bytes at b whose stored CRC does not match
+ * its data, or -1; *flagged (when not NULL) is set if a record before it, or any record when
+ * there is none, has a flag. */
+static Py_ssize_t
+first_bad_crc(const unsigned char *b, Py_ssize_t stride, Py_ssize_t n, int *flagged)
+{
+    const size_t data = (size_t)(stride - 20);
+    int flags = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const unsigned char *rec = b + k * stride;
+        if ((crc32_update(0, rec + 20, data) & 0x7FFFFFFFu) != get_be32(rec + 4))
+            return k;
+        flags |= get_be32(rec + 16) != 0;
+    }
+    if (flagged != NULL)
+        *flagged = flags;
+    return -1;
+}
+
+/* args[1] and args[2] as stride and n, and a view of args[0] (flags: PyBUF_SIMPLE or
+ * PyBUF_WRITABLE) holding n records of stride bytes; 0, or -1 with an exception set. */
+static int
+records_view(PyObject *const *args, int flags, const char *who, Py_buffer *view,
+             Py_ssize_t *stride, Py_ssize_t *n)
+{
+    *stride = PyLong_AsSsize_t(args[1]);
+    if (*stride == -1 && PyErr_Occurred())
+        return -1;
+    *n = PyLong_AsSsize_t(args[2]);
+    if (*n == -1 && PyErr_Occurred())
+        return -1;
+    if (PyObject_GetBuffer(args[0], view, flags) < 0)
+        return -1;
+    if (*stride < 20 || *n < 0 || (*n > 0 && *stride > view->len / *n)) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s(): n records of stride do not fit", who);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 speedups_uniform_crc_mismatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -272,34 +330,111 @@ speedups_uniform_crc_mismatch(PyObject *module, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "uniform_crc_mismatch(buf, stride, n)");
         return NULL;
     }
-    Py_ssize_t stride = PyLong_AsSsize_t(args[1]);
-    if (stride == -1 && PyErr_Occurred())
+    Py_buffer view;
+    Py_ssize_t stride, n;
+    if (records_view(args, PyBUF_SIMPLE, "uniform_crc_mismatch", &view, &stride, &n) < 0)
         return NULL;
-    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
-    if (n == -1 && PyErr_Occurred())
+    const unsigned char *base = view.buf;
+    Py_ssize_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = first_bad_crc(base, stride, n, NULL);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(bad);
+}
+
+/* ---------------------------------------------------------------- uniform_scan, stamp_uniform */
+
+#define UNIFORM_GIL_BYTES (64 * 1024)
+
+static PyObject *
+speedups_uniform_scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "uniform_scan(buf, max_data, max_records)");
+        return NULL;
+    }
+    long long max_data = PyLong_AsLongLong(args[1]);
+    if (max_data == -1 && PyErr_Occurred())
+        return NULL;
+    long long max_records = PyLong_AsLongLong(args[2]);
+    if (max_records == -1 && PyErr_Occurred())
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (stride < 20 || n < 0 || (n > 0 && stride > view.len / n)) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "uniform_crc_mismatch(): n records of stride do not fit");
-        return NULL;
+    const unsigned char *b = view.buf;
+    const Py_ssize_t end = view.len;
+    int code = 1;
+    Py_ssize_t stride = 0, n = 0, index = -1;
+    if (end >= 20) {
+        uint32_t length = get_be32(b);
+        if (length < 0x80000000u) {
+            stride = 20 + (Py_ssize_t)length;
+            n = end / stride;
+            if (end % stride == 0) {
+                code = 0;
+                for (Py_ssize_t k = 1; k < n; k++) {
+                    if (memcmp(b + k * stride, b, 4) != 0) {
+                        code = 1;
+                        break;
+                    }
+                }
+            }
+        }
+        if (code == 1)
+            stride = n = 0;
     }
-    const unsigned char *base = view.buf;
-    Py_ssize_t bad = -1;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t k = 0; k < n; k++) {
-        const unsigned char *rec = base + k * stride;
-        uint32_t crc = crc32_update(0, rec + 20, (size_t)(stride - 20)) & 0x7FFFFFFFu;
-        if (crc != get_be32(rec + 4)) {
-            bad = k;
-            break;
+    if (code == 0 && max_data >= 0 && (long long)(stride - 20) > max_data)
+        code = 2;
+    else if (code == 0 && (long long)n > max_records)
+        code = 3;
+    if (code == 0) {
+        int flagged = 0;
+        Py_ssize_t bad;
+        if (end >= UNIFORM_GIL_BYTES) {
+            Py_BEGIN_ALLOW_THREADS
+            bad = first_bad_crc(b, stride, n, &flagged);
+            Py_END_ALLOW_THREADS
+        } else {
+            bad = first_bad_crc(b, stride, n, &flagged);
+        }
+        if (bad >= 0) {
+            code = 4;
+            index = bad;
+        } else if (flagged) {
+            code = 5;
         }
     }
-    Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    return PyLong_FromSsize_t(bad);
+    return Py_BuildValue("(innn)", code, stride, n, index);
+}
+
+static PyObject *
+speedups_stamp_uniform(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "stamp_uniform(buf, stride, n, first_id)");
+        return NULL;
+    }
+    long long first = PyLong_AsLongLong(args[3]);
+    if (first == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    Py_ssize_t stride, n;
+    if (records_view(args, PyBUF_WRITABLE, "stamp_uniform", &view, &stride, &n) < 0)
+        return NULL;
+    unsigned char *b = view.buf;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        uint64_t id = (uint64_t)first + (uint64_t)k;
+        unsigned char *p = b + k * stride + 8;
+        for (int i = 7; i >= 0; i--) {
+            p[i] = (unsigned char)(id & 0xff);
+            id >>= 8;
+        }
+    }
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
 }
 
 /* ---------------------------------------------------------------- index_records */
@@ -382,6 +517,10 @@ static PyMethodDef speedups_methods[] = {
      "record_parts(values) -> (parts, total): [header, value, ...] and their bytes"},
     {"uniform_crc_mismatch", (PyCFunction)(void (*)(void))speedups_uniform_crc_mismatch,
      METH_FASTCALL, "uniform_crc_mismatch(buf, stride, n) -> first bad record's index, or -1"},
+    {"uniform_scan", (PyCFunction)(void (*)(void))speedups_uniform_scan, METH_FASTCALL,
+     "uniform_scan(buf, max_data, max_records) -> (code, stride, n, index): see the module comment"},
+    {"stamp_uniform", (PyCFunction)(void (*)(void))speedups_stamp_uniform, METH_FASTCALL,
+     "stamp_uniform(buf, stride, n, first_id) -> None: ids first_id.. at byte 8 of each record"},
     {"index_records", (PyCFunction)(void (*)(void))speedups_index_records, METH_FASTCALL,
      "index_records(buf, max_record, verify) -> (positions, status): see the module comment"},
     {NULL, NULL, 0, NULL},
