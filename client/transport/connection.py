@@ -1,6 +1,6 @@
 """One asyncio TCP connection to one broker.
 
-``BrokerConnection`` wraps the sans-I/O codec (``Parser(Role.CLIENT)`` + ``encode``) in an
+``BrokerConnection`` wraps the sans-I/O codec (``Parser(Role.CLIENT)`` + ``encode_parts``) in an
 ``asyncio.Protocol``. Requests are pipelined: each gets the next opaque (a signed 32-bit
 counter, 1 .. 2**31 - 2, wrapping; ``2**31 - 1`` is what MetaQ uses for an opaque-less
 ``stats``) and the reply is matched by its opaque, so replies may arrive in any order.
@@ -28,9 +28,10 @@ loop).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import dataclasses
 import logging
+import math
 import socket
 import ssl
 import threading
@@ -54,7 +55,6 @@ from pymetaq.client.protocol import (
     ResultReply,
     Role,
     ValueReply,
-    encode,
     encode_parts,
 )
 from pymetaq.client.speedups import speedups
@@ -162,7 +162,12 @@ class BrokerConnection:
         self._loop = loop
         self._parser = Parser(Role.CLIENT, limits, body_into=_body_into)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
-        self._timers: dict[int, asyncio.TimerHandle] = {}
+        #: pending requests' deadlines (``loop.time()``); one timer for all (:meth:`_sweep`)
+        self._deadlines: dict[int, float] = {}
+        #: per timeout, its requests' (deadline, opaque) in the order they were sent
+        self._by_timeout: dict[float, collections.deque[tuple[float, int]]] = {}
+        self._sweep_timer: asyncio.TimerHandle | None = None
+        self._sweep_at = math.inf
         #: ``on_done`` hooks of pending requests (called when their future is settled)
         self._on_done: dict[int, Callable[[asyncio.Future[Reply]], object]] = {}
         self._opaque = 0
@@ -266,12 +271,12 @@ class BrokerConnection:
                 self._loop.call_soon(on_done, fut)  # never re-enter the caller
             return fut
         op = self._next_opaque()
-        line, body = encode_parts(dataclasses.replace(cmd, opaque=op))
+        line, body = encode_parts(cmd, op)
         self._pending[op] = fut
         if on_done is not None:
             self._on_done[op] = on_done
         if timeout_s is not None:
-            self._timers[op] = self._loop.call_later(timeout_s, self._expire, op, timeout_s)
+            self._track(op, timeout_s)
         if len(body) < _JOIN_BELOW:
             self._transport.write(line + body if body else line)
         else:  # a big body is written as is (no copy) after its line
@@ -287,7 +292,8 @@ class BrokerConnection:
         """Write a command that has no reply (``quit``, transaction END)."""
         if self._error is not None or self._transport is None:
             raise self._error or ConnectionLost(f"{self.address} is not connected")
-        self._transport.write(encode(dataclasses.replace(cmd, opaque=self._next_opaque())))
+        line, body = encode_parts(cmd, self._next_opaque())
+        self._transport.write(line + body if body else line)
 
     async def drain(self) -> None:
         """Wait until the write buffer is below its high-water mark."""
@@ -307,8 +313,54 @@ class BrokerConnection:
 
     # --- internals (loop thread) ---
 
+    def _track(self, op: int, timeout_s: float) -> None:
+        """Time request ``op`` out after ``timeout_s``: no timer per request (creating and
+        cancelling one is 4 us of a 120 us round), one for the earliest deadline."""
+        deadline = self._loop.time() + timeout_s
+        self._deadlines[op] = deadline
+        queue = self._by_timeout.get(timeout_s)
+        if queue is None:
+            queue = self._by_timeout[timeout_s] = collections.deque()
+        deadlines = self._deadlines
+        while queue and deadlines.get(queue[0][1]) != queue[0][0]:
+            queue.popleft()  # answered (replies mostly come in order: this keeps it short)
+        queue.append((deadline, op))
+        if deadline < self._sweep_at:
+            self._arm_sweep(deadline)
+
+    def _arm_sweep(self, when: float) -> None:
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+        self._sweep_at = when
+        self._sweep_timer = self._loop.call_at(when, self._sweep)
+
+    def _sweep(self) -> None:
+        """Fail every request whose deadline passed; arm the timer for the next deadline.
+        Each timeout's queue is in deadline order (one clock, one timeout)."""
+        self._sweep_timer = None
+        self._sweep_at = math.inf
+        now = self._loop.time()
+        deadlines = self._deadlines
+        following = math.inf
+        for timeout_s, queue in list(self._by_timeout.items()):
+            while queue:
+                deadline, op = queue[0]
+                if deadlines.get(op) != deadline:  # answered (or the opaque was reused)
+                    queue.popleft()
+                elif deadline <= now:
+                    queue.popleft()
+                    self._expire(op, timeout_s)
+                else:
+                    following = min(following, deadline)
+                    break
+            if not queue and self._by_timeout.get(timeout_s) is queue:
+                del self._by_timeout[timeout_s]
+        # a hook run by _expire may have sent a request (and armed the timer) meanwhile
+        if following < self._sweep_at and self._error is None:
+            self._arm_sweep(following)
+
     def _expire(self, op: int, timeout_s: float) -> None:
-        self._timers.pop(op, None)
+        self._deadlines.pop(op, None)
         fut = self._pending.pop(op, None)
         if fut is not None and not fut.done():
             fut.set_exception(RequestTimeout(f"no reply from {self.address} within {timeout_s:g}s"))
@@ -357,18 +409,14 @@ class BrokerConnection:
             fut = pending.pop(op, None)
             if fut is None:
                 continue  # late reply to a timed-out request
-            timer = self._timers.pop(op, None)
-            if timer is not None:
-                timer.cancel()
+            self._deadlines.pop(op, None)
             if not fut.done():
                 fut.set_result(event)
             self._settled(op, fut)
 
     def _complete_error(self, op: int, exc: MetaClientError) -> None:
         fut = self._pending.pop(op, None)
-        timer = self._timers.pop(op, None)
-        if timer is not None:
-            timer.cancel()
+        self._deadlines.pop(op, None)
         if fut is not None and not fut.done():
             fut.set_exception(exc)
         self._settled(op, fut)
@@ -382,9 +430,12 @@ class BrokerConnection:
         if self._error is None:
             self._error = error if isinstance(error, ConnectionLost) else ConnectionLost(str(error))
         pending, self._pending = self._pending, {}
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        self._deadlines.clear()
+        self._by_timeout.clear()
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
+        self._sweep_at = math.inf
         hooks, self._on_done = self._on_done, {}
         for op, fut in pending.items():
             if not fut.done():

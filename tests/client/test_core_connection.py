@@ -9,6 +9,7 @@ import random
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -162,6 +163,67 @@ def test_timeout_then_lost_connection_fail_pending_requests() -> None:
             assert conn.closed
             with pytest.raises(ConnectionLost):
                 await conn.request(VersionCommand(0))
+
+    asyncio.run(main())
+
+
+def test_each_request_times_out_at_its_own_deadline_and_answered_ones_never_do() -> None:
+    """One timer serves every pending request (``_sweep``): requests with different timeouts,
+    sent in any order, fail with RequestTimeout each at its own deadline (never before, and
+    not much after); answered requests are never failed; a request a timeout's hook sends
+    is timed too; the bookkeeping of answered requests does not pile up."""
+    answered = {1, 3, 6}  # the server answers these requests (1-based), the rest stay silent
+
+    async def handler(seen: list[object], w: asyncio.StreamWriter) -> None:
+        if len(seen) in answered:
+            w.write(encode(ResultReply(200, b"ok", seen[-1].opaque)))  # type: ignore[attr-defined]
+            await w.drain()
+
+    async def main() -> None:
+        server, port = await _serve(handler)
+        async with server:
+            conn = await BrokerConnection.open("127.0.0.1", port)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            timeouts = [0.6, 0.6, 0.6, 0.2, 0.4, 0.2]  # request k+1 gets timeouts[k]
+            settled: dict[int, tuple[str, float]] = {}
+            resent: list[asyncio.Future[Any]] = []
+
+            def hook(k: int, fut: asyncio.Future[Any]) -> None:
+                exc = fut.exception()
+                settled[k] = (type(exc).__name__ if exc else "ok", loop.time() - start)
+                if k == 4:  # the first to time out sends another request from its hook
+                    resent.append(conn.send_request(VersionCommand(0), timeout_s=0.1))
+
+            futs = []
+            for k, t in enumerate(timeouts, 1):
+                futs.append(
+                    conn.send_request(VersionCommand(0), timeout_s=t, on_done=partial(hook, k))
+                )
+                await asyncio.sleep(0.01)
+            await asyncio.gather(*futs, return_exceptions=True)
+            with pytest.raises(RequestTimeout):
+                await resent[0]
+            after = loop.time() - start
+            assert {k: v[0] for k, v in settled.items()} == {
+                1: "ok", 2: "RequestTimeout", 3: "ok", 4: "RequestTimeout",
+                5: "RequestTimeout", 6: "ok",
+            }  # fmt: skip
+            for k in (2, 4, 5):
+                sent_at = (k - 1) * 0.01
+                assert timeouts[k - 1] + sent_at <= settled[k][1] + 0.005, (k, settled[k])
+                assert settled[k][1] < timeouts[k - 1] + sent_at + 0.25, (k, settled[k])
+            assert settled[4][1] + 0.1 <= after + 0.005
+            assert not conn._deadlines and not conn._by_timeout and conn._sweep_timer is None
+
+            # many answered requests: what is kept for their deadlines stays short
+            answered.update(range(8, 2008))
+            for _ in range(2000):
+                await conn.request(VersionCommand(0), timeout_s=5)
+            assert sum(len(q) for q in conn._by_timeout.values()) <= 1
+            assert not conn._deadlines
+            conn.close()
+            assert conn._sweep_timer is None and not conn._by_timeout
 
     asyncio.run(main())
 
