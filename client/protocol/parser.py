@@ -591,6 +591,10 @@ class Parser:
                 reply = self._plain_result(tokens, next_start)
                 if reply is not None:
                     return reply
+            elif tokens[0] == b"bput" and self._verbs is _SERVER_VERBS:
+                command = self._plain_bput(tokens, next_start)
+                if command is not None:
+                    return command
             while tokens and not tokens[-1]:
                 tokens.pop()
             verb = self._verbs.get(tokens[0]) if tokens else None
@@ -660,6 +664,53 @@ class Parser:
             body = view[start : start + length].tobytes()  # one copy (_take_body's)
         self._consume(start + length)
         return ResultReply(int(code), body, int(opaque))
+
+    def _plain_bput(self, tokens: Tokens, start: int) -> BatchPutCommand | None:
+        """A 7- or 9-token (idempotent) ``bput`` of plain digits whose body is buffered: the
+        command, as the general path would build it (feed + next_event 9.9 -> 4.6 us, on every
+        batch a broker stores); None: anything else, for the general path."""
+        n = len(tokens)
+        producer: bytes | None = None
+        sequence: bytes | None = None
+        if n == 9:
+            producer, sequence = tokens[6], tokens[7]
+            if not (sequence.isdigit() and len(sequence) < 10 and _PRODUCER_ID.fullmatch(producer)):
+                return None
+        elif n != 7:
+            return None
+        topic, partition, size, count, checksum, opaque = tokens[1:6] + tokens[-1:]
+        if not (
+            topic
+            and partition.isdigit()
+            and size.isdigit()
+            and count.isdigit()
+            and opaque.isdigit()
+            and len(partition) < 10
+            and len(size) < 10
+            and len(count) < 10
+            and len(opaque) < 10
+            and (checksum == b"-1" or (checksum.isdigit() and len(checksum) < 10))
+        ):
+            return None
+        length = int(size)
+        if length > self.limits.max_batch_body or len(self._buf) - start < length:
+            return None
+        try:
+            name = topic.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        body = self._buf[start : start + length]  # one copy, a bytearray (_take_body's)
+        self._consume(start + length)
+        return BatchPutCommand(
+            name,
+            int(partition),
+            body,
+            int(count),
+            None if checksum == b"-1" else int(checksum),
+            int(opaque),
+            None if producer is None else producer.decode("ascii"),
+            None if sequence is None else int(sequence),
+        )
 
     def _find_line(self) -> tuple[int, int]:
         """(end of the current line's text, start of what follows it), or (-1, -1)."""

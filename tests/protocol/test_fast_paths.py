@@ -3,8 +3,9 @@ command they take, and for anything else the general code's answer (its error, w
 
 * ``encoder._bput``: a producer's ``bput`` line without re-validating a topic and producer id
   it has seen (hypothesis, seeded, with hostile field values of every kind).
-* ``Parser._plain_result``: a client's ``result`` reply of plain digits (the same events and
-  errors as the general path for any bytes, in any chunking).
+* ``Parser._plain_result`` and ``Parser._plain_bput``: a client's ``result`` reply and a
+  broker's ``bput`` of plain digits (the same events and errors as the general path for any
+  bytes, in any chunking).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ HOSTILE = {
     data=st.data(),
     again=st.booleans(),
 )
-def test_the_bput_fast_path_writes_what_the_general_encoder_writes(
+def test_the_bput_encoder_fast_path_writes_what_the_general_encoder_writes(
     fields: dict[str, Any], hostile: list[str], data: st.DataObject, again: bool
 ) -> None:
     """A valid idempotent or plain command, with up to two fields made hostile."""
@@ -124,7 +125,7 @@ PID = "0123456789abcdef0123456789abcdef"
         (BatchPutCommand("t", 0, b"", 0, None, 0, PID, 5), 7),
     ],
 )
-def test_the_bput_fast_path_on_each_edge(cmd: BatchPutCommand, opaque: int) -> None:
+def test_the_bput_encoder_fast_path_on_each_edge(cmd: BatchPutCommand, opaque: int) -> None:
     general = _outcome(lambda c, o: enc._batch("bput", c, o), cmd, opaque)
     assert _outcome(enc._bput, cmd, opaque) == general
 
@@ -144,9 +145,12 @@ TOKEN = st.one_of(
 
 
 class _GeneralOnly(Parser):
-    """A parser without the fast path: the reference."""
+    """A parser without the fast paths: the reference."""
 
     def _plain_result(self, tokens: Any, start: int) -> None:
+        return None
+
+    def _plain_bput(self, tokens: Any, start: int) -> None:
         return None
 
 
@@ -212,3 +216,81 @@ def test_the_result_fast_path_on_each_edge(wire: bytes) -> None:
     for chunks in ([wire], [wire[:9], wire[9:]], [bytes([b]) for b in wire]):
         fast = _events(Parser(Role.CLIENT, limits), chunks)
         assert fast == _events(_GeneralOnly(Role.CLIENT, limits), chunks), chunks
+
+
+BPUT_TOKEN = st.one_of(
+    TOKEN, st.sampled_from([b"-1", b"-2", b"t\xc3\xa9", b"\xff", PID.encode(), b"A" * 32])
+)
+RECORDS = st.binary(max_size=90)
+
+
+@seed(20261129)
+@settings(max_examples=1500, deadline=None)
+@given(
+    frames=st.lists(
+        st.tuples(
+            st.lists(st.one_of(st.none(), BPUT_TOKEN), min_size=5, max_size=8),
+            st.one_of(st.none(), TOKEN),  # None: the body's own length
+            RECORDS,
+            st.sampled_from(["", "", "", " ", "\r"]),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    cuts=st.lists(st.integers(0, 600), max_size=6),
+    bare_lf=st.booleans(),
+)
+def test_the_bput_parser_fast_path_parses_what_the_general_path_parses(
+    frames: list[tuple[list[bytes | None], bytes | None, bytes, str]],
+    cuts: list[int],
+    bare_lf: bool,
+) -> None:
+    """``bput <topic> <partition> <len> <count> <checksum> [<producer> <seq>] <opaque>`` with
+    each token plain (None: a valid value for its place) or hostile, and a body of its own
+    length or not."""
+    plain = [b"test", b"3", None, b"1", b"-1", PID.encode(), b"7", b"9"]
+    wire = b""
+    for tokens, size, body, tail in frames:
+        line: list[bytes | None] = [b"bput"]
+        for k, token in enumerate(tokens):
+            place = k if k < len(tokens) - 1 else 7  # the last token: the opaque's place
+            line.append(plain[place] if token is None else token)
+        length = b"%d" % len(body) if size is None else size
+        line[3] = length if tokens[2] is None else line[3]
+        wire += b" ".join(x for x in line if x is not None) + tail.encode() + b"\r\n" + body
+    chunks = split(wire, cuts)
+    limits = Limits(max_batch_body=64)
+    fast = _events(Parser(Role.SERVER, limits, bare_lf=bare_lf), chunks)
+    assert fast == _events(_GeneralOnly(Role.SERVER, limits, bare_lf=bare_lf), chunks)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"bput test 3 %d 1 -1 7",
+        b"bput test 3 %d 1 -1 " + PID.encode() + b" 5 7",
+        b"bput test 3 %d 1 12345 " + PID.encode() + b" 5 7",
+        b"bput test 3 %d 1 -2 7",
+        b"bput test -3 %d 1 -1 7",
+        b"bput test 3 %d -1 -1 7",
+        b"bput test 3 %d 1 -1 " + PID.upper().encode() + b" 5 7",
+        b"bput test 3 %d 1 -1 " + PID.encode() + b" -5 7",
+        b"bput test 3 %d 1 -1 " + PID.encode() + b" 2147483648 7",
+        b"bput test 3 %d 1 -1 TX:s:1 7",
+        b"bput t\xff 3 %d 1 -1 7",
+        b"bput test 3 %d 1 -1 7 ",
+        b"bput test 3 %d 1 -1 +7",
+        b"bput test 3 %d 1 -1 9999999999",
+        b"bput test 0003 %d 01 -1 007",
+        b"bput test 9999999999 %d 1 -1 7",
+        b"bput  3 %d 1 -1 7",
+    ],
+)
+def test_the_bput_parser_fast_path_on_each_edge(line: bytes) -> None:
+    body = b"x" * 30
+    for size in (len(body), 80):  # within and over max_batch_body
+        wire = (line % size) + b"\r\n" + body + b"x" * (size - len(body))
+        for chunks in ([wire], [wire[:12], wire[12:]], [bytes([b]) for b in wire]):
+            limits = Limits(max_batch_body=64)
+            fast = _events(Parser(Role.SERVER, limits), chunks)
+            assert fast == _events(_GeneralOnly(Role.SERVER, limits), chunks), chunks
