@@ -314,8 +314,9 @@ class BrokerConnection:
     # --- internals (loop thread) ---
 
     def _track(self, op: int, timeout_s: float) -> None:
-        """Time request ``op`` out after ``timeout_s``: no timer per request (creating and
-        cancelling one is 4 us of a 120 us round), one for the earliest deadline."""
+        """Time request ``op`` out after ``timeout_s``: no timer per request (``call_later``
+        and ``cancel`` are 2.3 us, and the loop sweeps the cancelled handle from its heap
+        later), one for the earliest deadline."""
         deadline = self._loop.time() + timeout_s
         self._deadlines[op] = deadline
         queue = self._by_timeout.get(timeout_s)
