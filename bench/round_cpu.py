@@ -32,7 +32,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import asyncio, json, os, socket, subprocess, sys, tempfile, time, uuid, zlib
+import asyncio, json, os, socket, subprocess, sys, tempfile, time, uuid
 client, count, warmup, bputs, records = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 work = tempfile.mkdtemp(prefix="round-cpu-")
 probe = socket.socket(); probe.bind(("127.0.0.1", 0)); port = probe.getsockname()[1]; probe.close()
@@ -81,9 +81,8 @@ def measure(one_round):
 def raw():
     sock = wait_up()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    data = b"x" * 100
-    record = b"%s%s" % ((100).to_bytes(4, "big") + (zlib.crc32(data) & 0x7FFFFFFF).to_bytes(4, "big") + bytes(12), data)
-    body = record * records
+    from pymetaq.storage.record import encode_record
+    body = encode_record(b"x" * 100) * records
     pid = uuid.uuid4().hex.encode()
     seq = [0]
     buf = bytearray()

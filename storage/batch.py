@@ -234,14 +234,9 @@ def stamp_batch(worker: IdWorker, buf: bytearray, max_data: int | None = None) -
     """
     if len(buf) == 0:
         raise InvalidRecords("empty batch")
-    if speedups is not None:
-        stamped = _stamp_uniform_c(worker, buf, max_data)
-        if stamped is not None:
-            return stamped
-    else:
-        stamped = _stamp_uniform_py(worker, buf, max_data)
-        if stamped is not None:
-            return stamped
+    stamped = _uniform_branch(worker, buf, max_data)
+    if stamped is not None:
+        return stamped
     with worker.lock:
         first, room = worker.open_locked()
         count = validate_and_stamp(buf, first, max_data)
@@ -293,3 +288,7 @@ def _stamp_uniform_c(
     first = worker.reserve(n)
     speedups.stamp_uniform(buf, stride, n, first)
     return first, n
+
+
+#: stamp_batch's uniform branch: in C when the accelerator is built, else the Python reference
+_uniform_branch = _stamp_uniform_c if speedups is not None else _stamp_uniform_py
