@@ -280,6 +280,19 @@ def stamp_of(payload: bytes) -> int:
     return int(STAMP.unpack_from(payload)[0])
 
 
+def parse_cpus(text: str) -> set[int]:
+    """``--cpus``: "0" or "0,1" -> {0, 1}; ValueError with the reason when it is not a list of
+    CPUs this process may run on."""
+    try:
+        cpus = {int(c) for c in text.split(",")}
+    except ValueError:
+        raise ValueError(f"a comma-separated list of CPU numbers, not {text!r}") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus <= allowed:
+        raise ValueError(f"this process may run on CPUs {sorted(allowed)}, not {sorted(cpus)}")
+    return cpus
+
+
 def progress(text: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 

@@ -29,22 +29,29 @@ def render(records: list[dict[str, Any]]) -> str:
         f"Run {meta.get('started', '?')}: {meta.get('seconds')} s per case, "
         f"{meta.get('repeat')} repeats (median, min-max), batch {meta.get('batch')}, "
         f"latency offered {meta.get('rate', 0):,} msgs/s, load average at start "
-        f"{', '.join(f'{x:.2f}' for x in meta.get('loadavg', []))}.",
-        "",
-        "| case | size | system [mode] | msgs/s median (min-max) | MiB/s |",
-        "|---|---|---|---|---|",
+        f"{', '.join(f'{x:.2f}' for x in meta.get('loadavg', []))}"
+        + (f"; pinned to CPU(s) {meta['pinned_cpus']}." if meta.get("pinned_cpus") else "."),
     ]
-    for a in (a for a in meds if a["case"] in THROUGHPUT_CASES):
+    throughput = [a for a in meds if a["case"] in THROUGHPUT_CASES]
+    if throughput:  # a table only for the kinds of case the run had
+        out += [
+            "",
+            "| case | size | system [mode] | msgs/s median (min-max) | MiB/s |",
+            "|---|---|---|---|---|",
+        ]
+    for a in throughput:
         out.append(
             f"| {a['case']} | {_size(a['msg_bytes'])} | {a['system']} [{a['mode']}] "
             f"| {_rng(a['msgs_per_s'])} | {a['mib_per_s']['median']:,.1f} |"
         )
-    out += [
-        "",
-        "| case | size | system [mode] | p50 µs median (min-max) | p99 µs median (min-max) | p99.9 µs | achieved msgs/s |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for a in (a for a in meds if a["case"] in LATENCY_CASES):
+    latency = [a for a in meds if a["case"] in LATENCY_CASES]
+    if latency:
+        out += [
+            "",
+            "| case | size | system [mode] | p50 µs median (min-max) | p99 µs median (min-max) | p99.9 µs | achieved msgs/s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+    for a in latency:
         out.append(
             f"| {a['case']} | {_size(a['msg_bytes'])} | {a['system']} [{a['mode']}] "
             f"| {_rng(a['p50_us'])} | {_rng(a['p99_us'])} "

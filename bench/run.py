@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.common import BenchError, Latency, Throughput, progress
+from bench.common import BenchError, Latency, Throughput, parse_cpus, progress
 from bench.systems import DEFAULT, NAMES, System, create
 
 CASES = ("produce", "produce_each", "consume", "ack_latency", "e2e_latency")
@@ -50,7 +50,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1000, help="messages per batch/pipeline/fetch")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
+    p.add_argument(
+        "--cpus",
+        help="run the clients and every server on these CPUs only, e.g. 0 (see docs/benchmarks.md)",
+    )
     args = p.parse_args(argv)
+    if args.cpus is not None:
+        try:
+            args.cpus = sorted(parse_cpus(args.cpus))
+        except ValueError as exc:
+            p.error(f"--cpus: {exc}")
     args.systems = _choices(args.systems, NAMES, p)
     args.cases = _choices(args.cases, CASES, p)
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -170,6 +179,7 @@ def meta_record(args: argparse.Namespace) -> dict[str, Any]:
         "sizes": args.sizes,
         "cases": args.cases,
         "systems": args.systems,
+        "pinned_cpus": args.cpus,
     }
 
 
@@ -187,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     jsonl = args.out / f"results-{stamp}.jsonl"
     workdir = Path(tempfile.mkdtemp(prefix="pymetaq-bench-"))
+    if args.cpus is not None:  # before any server starts: each inherits it
+        os.sched_setaffinity(0, args.cpus)
     with jsonl.open("w") as out:
         _write(out, meta_record(args))
         systems, skips = start_systems(args.systems, workdir)

@@ -166,7 +166,7 @@ def _run_pymetaq(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if server is not None:
         pids["broker"] = server.proc.pid
     sampler = probes.ProcSampler(pids).start()
-    machine = _MachineProbe()
+    machine = MachineProbe()
     lag_from, gc_from = len(probes.LOOP_LAG), len(probes.GC_PAUSES)
     trace = trace_latencies()
     if args.client_gc == "freeze":
@@ -200,7 +200,7 @@ def _run_pymetaq(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     }
 
 
-class _MachineProbe:
+class MachineProbe:
     """The idle 1 ms sleeper (``probes.MACHINE_PROBE``) in its own process."""
 
     def __init__(self) -> None:
