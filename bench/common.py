@@ -280,6 +280,17 @@ def stamp_of(payload: bytes) -> int:
     return int(STAMP.unpack_from(payload)[0])
 
 
+def steal_ticks() -> int | None:
+    """The machine's steal ticks so far (``/proc/stat``: CPU time the hypervisor did not give
+    this VM, in clock ticks), or None where there is no such file."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            cols = f.readline().split()
+        return int(cols[8])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def parse_cpus(text: str) -> set[int]:
     """``--cpus``: "0" or "0,1" -> {0, 1}; ValueError with the reason when it is not a list of
     CPUs this process may run on."""

@@ -21,6 +21,8 @@ THROUGHPUT_CASES = ("produce", "produce_each", "consume")
 LATENCY_CASES = ("ack_latency", "e2e_latency")
 THROUGHPUT_METRICS = ("msgs_per_s", "mib_per_s")
 LATENCY_METRICS = ("p50_us", "p99_us", "p999_us", "max_us", "achieved_rate")
+#: aggregated when every sample of a group has it: the VM's steal during the case (bench/run.py)
+OPTIONAL_METRICS = ("steal_ticks",)
 KEY = ("system", "mode", "case", "msg_bytes")
 
 Record = dict[str, Any]
@@ -38,7 +40,8 @@ def aggregate(samples: Iterable[Record]) -> list[Record]:
     out = []
     for key, group in groups.items():
         rec: Record = {"kind": "median", **dict(zip(KEY, key)), "repeats": len(group)}
-        for metric in metrics_of(str(key[2])):
+        optional = [m for m in OPTIONAL_METRICS if all(m in s for s in group)]
+        for metric in (*metrics_of(str(key[2])), *optional):
             values = [float(s[metric]) for s in group]
             rec[metric] = {
                 "median": round(statistics.median(values), 2),
@@ -108,12 +111,14 @@ def table(aggregates: list[Record]) -> str:
     if lat:
         lines.append("")
         lines.append(f"{'case':<12} {'size':>7}  {'system[mode]':<20} {'p50 us (min-max)':>22} "
-                     f"{'p99 us (min-max)':>28} {'p99.9 us':>10} {'achieved/s':>11}")  # fmt: skip
+                     f"{'p99 us (min-max)':>28} {'p99.9 us':>10} {'achieved/s':>11} "
+                     f"{'steal':>13}")  # fmt: skip
         for a in lat:
+            steal = _range(a["steal_ticks"]) if "steal_ticks" in a else "-"
             lines.append(
                 f"{a['case']:<12} {_size(a['msg_bytes']):>7}  {a['system'] + '[' + a['mode'] + ']':<20} "
                 f"{_range(a['p50_us']):>22} {_range(a['p99_us']):>28} "
-                f"{a['p999_us']['median']:>10,.0f} {a['achieved_rate']['median']:>11,.0f}"
+                f"{a['p999_us']['median']:>10,.0f} {a['achieved_rate']['median']:>11,.0f} {steal:>13}"
             )
     for a in aggregates:
         for note in a.get("notes", []):

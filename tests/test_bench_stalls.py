@@ -94,3 +94,27 @@ def test_the_suite_takes_cpus_and_its_markdown_says_so() -> None:
     assert "msgs/s median" not in text  # no throughput case, no throughput table
     assert "| ack_latency | 100 B | pymetaq [group] | 1 (1-1) | 1 (1-1) | 1 | 1 |" in text
     assert "pinned" not in render([meta_record(parse_args([])), row]).splitlines()[0]
+
+
+def test_each_latency_sample_carries_the_vms_steal_into_the_tables() -> None:
+    from bench.markdown import render
+    from bench.report import aggregate, table
+
+    def sample(repeat: int, **extra: float) -> dict:
+        return {
+            "kind": "sample", "system": "pymetaq", "mode": "group", "case": "ack_latency",
+            "msg_bytes": 100, "repeat": repeat, "p50_us": 700.0, "p99_us": 8000.0,
+            "p999_us": 9000.0, "max_us": 9500.0, "achieved_rate": 9999.0, **extra,
+        }  # fmt: skip
+
+    both = aggregate(
+        [sample(0, steal_ticks=19), sample(1, steal_ticks=26), sample(2, steal_ticks=23)]
+    )
+    assert both[0]["steal_ticks"] == {"median": 23.0, "min": 19.0, "max": 26.0}
+    assert "steal_ticks" not in aggregate([sample(0, steal_ticks=3), sample(1)])[0]  # not in all
+    assert table(both).splitlines()[-1].endswith("23 (19-26)")
+    assert table(aggregate([sample(0)])).splitlines()[-1].endswith(" -")
+    text = render([{"kind": "meta"}, *both])
+    assert "| achieved msgs/s | steal ticks |" in text
+    assert "| 9,999 | 23 (19-26) |" in text
+    assert "steal ticks" not in render([{"kind": "meta"}, *aggregate([sample(0)])])
