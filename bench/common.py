@@ -280,13 +280,14 @@ def stamp_of(payload: bytes) -> int:
     return int(STAMP.unpack_from(payload)[0])
 
 
-def steal_ticks() -> int | None:
-    """The machine's steal ticks so far (``/proc/stat``: CPU time the hypervisor did not give
-    this VM, in clock ticks), or None where there is no such file."""
+def machine_ticks() -> tuple[int, int] | None:
+    """The whole machine's (steal, iowait) clock ticks so far, from ``/proc/stat``'s ``cpu``
+    line (steal: CPU time the hypervisor did not give this VM), or None where there is no such
+    file."""
     try:
         with open("/proc/stat", "rb") as f:
             cols = f.readline().split()
-        return int(cols[8])
+        return int(cols[8]), int(cols[5])
     except (OSError, IndexError, ValueError):
         return None
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.common import BenchError, Latency, Throughput, parse_cpus, progress, steal_ticks
+from bench.common import BenchError, Latency, Throughput, machine_ticks, parse_cpus, progress
 from bench.systems import DEFAULT, NAMES, System, create
 
 CASES = ("produce", "produce_each", "consume", "ack_latency", "e2e_latency")
@@ -136,7 +136,7 @@ def run_matrix(
                             "system": system.name, "mode": mode, "case": case,
                             "msg_bytes": size, "repeat": repeat,
                         }  # fmt: skip
-                        steal_before = steal_ticks()
+                        ticks_before = machine_ticks()
                         try:
                             result = run_case(system, case, size, mode, args)
                         except Exception as exc:  # one failing case must not stop the run
@@ -148,9 +148,9 @@ def run_matrix(
                             continue
                         assert isinstance(result, Throughput | Latency)
                         row = {"kind": "sample", **row, **result.metrics()}
-                        steal_after = steal_ticks()
-                        if steal_before is not None and steal_after is not None:
-                            row["steal_ticks"] = steal_after - steal_before
+                        ticks_after = machine_ticks()
+                        if ticks_before is not None and ticks_after is not None:
+                            row["steal_ticks"] = ticks_after[0] - ticks_before[0]
                         progress(f"  -> {_brief(row)}")
                         samples.append(row)
                         _write(out, row)

@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Any
 
+from bench.common import machine_ticks
+
 _now = time.perf_counter_ns
 
 #: (t_ns, lag_ns, loop) — loop wake-ups later than asked
@@ -123,13 +125,6 @@ def _stat_fields(pid: int | str) -> tuple[int, int, int] | None:
     return int(rest[7]), int(rest[9]), int(rest[11]) + int(rest[12])
 
 
-def _machine() -> tuple[int, int]:
-    """(steal, iowait) ticks of the whole machine, from ``/proc/stat``'s ``cpu`` line."""
-    with open("/proc/stat", "rb") as f:
-        cols = f.readline().split()
-    return int(cols[8]), int(cols[5])
-
-
 class ProcSampler:
     """Samples page faults and CPU ticks of ``pids`` (name -> pid) and the machine's steal and
     iowait every ``period_s``: rows ``(t_ns, {name: (minflt, majflt, ticks)}, steal, iowait)``."""
@@ -156,7 +151,7 @@ class ProcSampler:
                 got = _stat_fields(pid)
                 if got is not None:
                     per[name] = got
-            steal, iowait = _machine()
+            steal, iowait = machine_ticks() or (0, 0)
             self.rows.append((_now(), per, steal, iowait))
 
 
