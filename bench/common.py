@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -278,6 +279,25 @@ _pack_stamp = STAMP.pack
 
 def stamp_of(payload: bytes) -> int:
     return int(STAMP.unpack_from(payload)[0])
+
+
+def variant_table(
+    found: dict[str, list[dict[str, float]]], fields: Sequence[str], first: str, width: int
+) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """The A/B scripts' summary (``bench/send_cpu.py``, ``bench/round_cpu.py``): per variant
+    (name -> its runs' rows), the median of each field, and the table's lines - a header, then
+    one row per variant with each field's median and its min-max over the runs."""
+    lines = [f"{first:<9}" + "".join(f"{f:>{width}}" for f in fields)]
+    medians: dict[str, dict[str, float]] = {}
+    for name, rows in found.items():
+        medians[name] = {f: statistics.median(r[f] for r in rows) for f in fields}
+        cells = [
+            f"{medians[name][f]:,.0f} ({min(r[f] for r in rows):,.0f}-"
+            f"{max(r[f] for r in rows):,.0f})"
+            for f in fields
+        ]
+        lines.append(f"{name:<9}" + "".join(f"{c:>{width}}" for c in cells))
+    return medians, lines
 
 
 def machine_ticks() -> tuple[int, int] | None:

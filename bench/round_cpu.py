@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
+
+from bench.common import variant_table
 
 CHILD = r"""
 import asyncio, json, os, socket, subprocess, sys, tempfile, time, uuid
@@ -200,17 +201,10 @@ def main() -> int:
         file=out_table,
     )
     fields = [f for f in FIELDS if args.client != "raw" or not f.startswith("client")]
-    print(f"{'variant':<9}" + "".join(f"{f:>22}" for f in fields), file=out_table)
-    medians: dict[str, dict[str, float]] = {}
-    for name, rows in found.items():
-        medians[name] = {f: statistics.median(r[f] for r in rows) for f in fields}
-        cells = [
-            f"{medians[name][f]:,.0f} ({min(r[f] for r in rows):,.0f}-"
-            f"{max(r[f] for r in rows):,.0f})"
-            for f in fields
-        ]
-        print(f"{name:<9}" + "".join(f"{c:>22}" for c in cells), file=out_table)
-        if args.json:
+    medians, lines = variant_table(found, fields, "variant", 22)
+    print("\n".join(lines), file=out_table)
+    if args.json:
+        for name, rows in found.items():
             print(
                 json.dumps({"variant": name, "client": args.client, **medians[name], "runs": rows})
             )

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import variant_table  # noqa: E402
 from tests._broker import BrokerProcess  # noqa: E402
 
 CHILD = r"""
@@ -172,16 +172,10 @@ def main() -> int:
                 print(f"round {r + 1}: {name} " + _brief(row), file=sys.stderr)
     out = sys.stderr if args.json else sys.stdout
     print(f"face {args.face}, {args.messages:,} x 100 B per round, medians (min-max)", file=out)
-    print(f"{'client':<9}" + "".join(f"{f:>26}" for f in FIELDS), file=out)
-    medians: dict[str, dict[str, float]] = {}
-    for name, rows in found.items():
-        medians[name] = {f: statistics.median(r[f] for r in rows) for f in FIELDS}
-        cells = [
-            f"{medians[name][f]:,.0f} ({min(r[f] for r in rows):,.0f}-{max(r[f] for r in rows):,.0f})"
-            for f in FIELDS
-        ]
-        print(f"{name:<9}" + "".join(f"{c:>26}" for c in cells), file=out)
-        if args.json:
+    medians, lines = variant_table(found, FIELDS, "client", 26)
+    print("\n".join(lines), file=out)
+    if args.json:
+        for name, rows in found.items():
             print(json.dumps({"client": name, "face": args.face, **medians[name], "runs": rows}))
     if "against" in pythons:
         for f in FIELDS:
