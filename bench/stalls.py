@@ -36,10 +36,8 @@ from pathlib import Path
 
 from bench.common import parse_cpus, trace_latencies
 from bench.systems import NAMES, create
-from bench.timeline import MachineProbe
+from bench.timeline import MS, MachineProbe
 from bench.timeline_probes import ProcSampler
-
-MS = 1_000_000
 
 
 def windows(trace: list[tuple[int, int]], over_ns: int, gap_ns: int) -> list[tuple[int, int, int]]:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from bench.common import parse_cpus
-from bench.stalls import MS, machine_in, steal_period_ms, windows
+from bench.stalls import machine_in, steal_period_ms, windows
+from bench.timeline import MS
 
 pytestmark = pytest.mark.integration
 
