@@ -38,48 +38,53 @@ def test_lag_from_gets_agrees_with_the_truth(tmp_path: Path, seed: int) -> None:
         fill(broker.address, ledger, "rawonly", 1, 40, rng)
         ends = {p: ledger.end("lagt", p) for p in (0, 1)}
 
-        # slow: MetaQ's raw get, a few small fetches per partition, then it stops
+        # slow: MetaQ's raw get, a few small fetches per partition, then it stops; each fetch
+        # holds at least one whole record (fill's largest is 20 + 299 bytes: a smaller
+        # max_size would get only part of it, and MetaQ's client would then ask for more)
         slow = RawGroup(broker.address, "slow")
-        for partition, fetches in ((0, 5), (1, 2)):
-            for _ in range(fetches):
-                assert slow.fetch("lagt", partition, max_size=rng.randrange(300, 900)) > 0
-        while slow.fetch("rawonly", 0) > 0:  # reads all of it: bytes out are known exactly
-            pass
-
-        # fast: pymetaq's Consumer drains the topic and waits at the end
-        store = FileOffsetStore(tmp_path / "offsets.json")
-        servers = f"meta://{broker.host}:{broker.port}"
-        fast = Consumer(servers, "fast", store, recover_dir=str(tmp_path / "recover"))
-        fast.subscribe("lagt")
-        got = 0
-        deadline = time.monotonic() + 60
-        while got < 300 and time.monotonic() < deadline:
-            got += len(fast.poll(1.0).values())
-        assert got == 300
         try:
-            with Wire(broker.address) as w:
-                # the fast group's next get is at the end of each partition
-                wait_for(
-                    lambda: all(
-                        (r := stats_lag(w).get(("fast", "lagt", p))) and r.fetch_offset == ends[p]
-                        for p in (0, 1)
-                    ),
-                    30,
-                    "the fast group's get at the end",
-                )
+            for partition, fetches in ((0, 5), (1, 2)):
+                for _ in range(fetches):
+                    assert slow.fetch("lagt", partition, max_size=rng.randrange(320, 900)) > 0
+            while slow.fetch("rawonly", 0) > 0:  # reads all of it: bytes out are known exactly
+                pass
+
+            # fast: pymetaq's Consumer drains the topic and waits at the end
+            store = FileOffsetStore(tmp_path / "offsets.json")
+            servers = f"meta://{broker.host}:{broker.port}"
+            fast = Consumer(servers, "fast", store, recover_dir=str(tmp_path / "recover"))
+            try:
+                fast.subscribe("lagt")
+                got = 0
+                deadline = time.monotonic() + 60
+                while got < 300 and time.monotonic() < deadline:
+                    got += len(fast.poll(1.0).values())
+                assert got == 300
+                with Wire(broker.address) as w:
+                    # the fast group's next get is at the end of each partition
+                    wait_for(
+                        lambda: all(
+                            (r := stats_lag(w).get(("fast", "lagt", p)))
+                            and r.fetch_offset == ends[p]
+                            for p in (0, 1)
+                        ),
+                        30,
+                        "the fast group's get at the end",
+                    )
+                    before = time.time()
+                    lag = stats_lag(w)
+                    after = time.time()
+                _check_stats_lag(lag, ledger, slow, ends, before, after)
                 before = time.time()
-                lag = stats_lag(w)
+                metrics = scrape(broker.http_url)
                 after = time.time()
-            _check_stats_lag(lag, ledger, slow, ends, before, after)
-            before = time.time()
-            metrics = scrape(broker.http_url)
-            after = time.time()
-            _check_metrics(metrics, ledger, slow, ends, before, after)
-            with urllib.request.urlopen(broker.http_url + "api/groups", timeout=30) as reply:
-                groups = {g["group"]: g for g in json.load(reply)}
-            _check_api(groups, slow, ends)
+                _check_metrics(metrics, ledger, slow, ends, before, after)
+                with urllib.request.urlopen(broker.http_url + "api/groups", timeout=30) as reply:
+                    groups = {g["group"]: g for g in json.load(reply)}
+                _check_api(groups, slow, ends)
+            finally:
+                fast.close()
         finally:
-            fast.close()
             slow.close()
 
 
